@@ -1,0 +1,94 @@
+"""Training inputs that teach every draft block of a sequence in one forward (the block-diffusion layout).
+
+The drafter sees a clean copy of the sequence (causal attention) and a noised copy beside it, cut into blocks
+of `block_size`. A noised token attends to the clean tokens before its block (what the prefix cache holds at
+drafting time) and to the noised tokens of its own block (the draft block). So one forward over 2L tokens gives
+the drafter's predictions for all L/block_size blocks, exactly as it would draft each of them.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+NOISE_MODES = ("full", "suffix", "random")
+
+
+@dataclass
+class BlockDiffusionBatch:
+    input_ids: torch.Tensor  # [batch, 2L]: clean copy, then noised copy
+    position_ids: torch.Tensor  # [batch, 2L]
+    attention_mask: torch.Tensor  # [1, 1, 2L, 2L] boolean, True = may attend
+    targets: torch.Tensor  # [batch, num_blocks, block_size] clean ids of the noised copy, block by block
+    masked: torch.Tensor  # [batch, num_blocks, block_size] True where the noised copy holds the mask token
+    mask_ratio: torch.Tensor  # [batch, num_blocks, 1] the masking probability each block was noised with
+    block_slice: slice  # where the blocks lie in the noised copy
+
+
+def block_attention_pattern(length: int, block_size: int, offset: int, device=None) -> torch.Tensor:
+    """Boolean [1, 1, 2L, 2L]: clean tokens causal; a noised token sees the clean tokens before its block and its block."""
+    pos = torch.arange(length, device=device)
+    block = torch.div(pos - offset, block_size, rounding_mode="floor")
+    clean_clean = pos[:, None] >= pos[None, :]
+    noisy_clean = block[:, None] > block[None, :]
+    noisy_noisy = block[:, None] == block[None, :]
+    top = torch.cat([clean_clean, torch.zeros_like(clean_clean)], dim=1)
+    bottom = torch.cat([noisy_clean, noisy_noisy], dim=1)
+    return torch.cat([top, bottom], dim=0)[None, None]
+
+
+def make_block_diffusion_batch(
+    clean_ids: torch.Tensor,
+    block_size: int,
+    mask_token_index: int,
+    noise: str = "full",
+    generator: torch.Generator | None = None,
+) -> BlockDiffusionBatch:
+    """Noise `clean_ids` [batch, L] block by block and lay out the clean and noised copies for one forward.
+
+    Noise modes: `"full"` masks whole blocks (drafting in one step, T=1); `"suffix"` masks each block from a random
+    cut to its end (the state of left-to-right drafting at any step); `"random"` masks each token of a block with a
+    probability drawn uniformly per block (the MDLM forward process).
+    """
+    if noise not in NOISE_MODES:
+        raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
+    batch, length = clean_ids.shape
+    if length < block_size + 1:
+        raise ValueError(f"sequences of {length} tokens are too short for block_size {block_size}")
+    device = clean_ids.device
+    # Random block boundaries (the first block starts after at least one clean token), so blocks start anywhere.
+    offset = int(torch.randint(1, block_size + 1, (1,), generator=generator))
+    num_blocks = (length - offset) // block_size
+    blocks = slice(offset, offset + num_blocks * block_size)
+    targets = clean_ids[:, blocks].reshape(batch, num_blocks, block_size)
+
+    if noise == "full":
+        ratio = torch.ones(batch, num_blocks, 1, device=device)
+        masked = torch.ones_like(targets, dtype=torch.bool)
+    elif noise == "suffix":
+        cut = torch.randint(0, block_size, (batch, num_blocks, 1), generator=generator).to(device)
+        masked = torch.arange(block_size, device=device) >= cut
+        ratio = (block_size - cut).float() / block_size
+    else:
+        ratio = torch.rand(batch, num_blocks, 1, generator=generator).to(device).clamp_min(1e-3)
+        masked = torch.rand(targets.shape, generator=generator).to(device) < ratio
+    noisy = clean_ids.clone()
+    noisy[:, blocks] = torch.where(masked, mask_token_index, targets).reshape(batch, -1)
+    positions = torch.arange(length, device=device).expand(batch, -1)
+    return BlockDiffusionBatch(
+        input_ids=torch.cat([clean_ids, noisy], dim=1),
+        position_ids=torch.cat([positions, positions], dim=1),
+        attention_mask=block_attention_pattern(length, block_size, offset, device),
+        targets=targets,
+        masked=masked,
+        mask_ratio=ratio,
+        block_slice=blocks,
+    )
+
+
+def block_logits(drafter, batch: BlockDiffusionBatch) -> torch.Tensor:
+    """The drafter's logits [batch, num_blocks, block_size, vocab] on the noised blocks of `batch` (one forward)."""
+    hidden = drafter.model(batch.input_ids, batch.position_ids, batch.attention_mask)
+    length = batch.input_ids.shape[1] // 2
+    noisy = hidden[:, length:][:, batch.block_slice]
+    logits = drafter.lm_head(noisy)
+    return logits.view(*batch.targets.shape, -1)

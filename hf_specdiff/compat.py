@@ -1,0 +1,52 @@
+"""Pairing a drafter with a verifier: a config that matches it, and a check with errors that name the fix."""
+
+from .configuration_specdiff import SpecDiffConfig
+
+SPECIAL_TOKENS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def _verifier_text_config(verifier):
+    config = getattr(verifier, "config", verifier)
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _generation_token(verifier, name):
+    """A special-token id as the verifier's generation sees it: its generation config first, then its config."""
+    generation_config = getattr(verifier, "generation_config", None)
+    value = getattr(generation_config, name, None) if generation_config is not None else None
+    return value if value is not None else getattr(_verifier_text_config(verifier), name, None)
+
+
+def drafter_config_for(verifier, **kwargs) -> SpecDiffConfig:
+    """A `SpecDiffConfig` whose vocabulary and special tokens match `verifier` (a model or its config).
+
+    Keyword arguments set the other fields (sizes, `block_size`, `num_denoising_steps`, ...).
+    """
+    text_config = _verifier_text_config(verifier)
+    matched = {name: _generation_token(verifier, name) for name in SPECIAL_TOKENS}
+    matched["vocab_size"] = text_config.vocab_size
+    matched["verifier_name_or_path"] = getattr(text_config, "_name_or_path", None) or None
+    return SpecDiffConfig(**{**matched, **kwargs})
+
+
+def check_compatibility(verifier, drafter) -> None:
+    """Raise `ValueError` naming the fix if `drafter` cannot draft for `verifier` (vocabulary or special tokens)."""
+    verifier_vocab = _verifier_text_config(verifier).vocab_size
+    if drafter.config.vocab_size != verifier_vocab:
+        raise ValueError(
+            f"The drafter's vocab_size ({drafter.config.vocab_size}) differs from the verifier's ({verifier_vocab}): "
+            "a drafter works only with the tokenizer (and padded vocabulary) it was made for. Train one for this "
+            "verifier with `hf-specdiff train --verifier ...`, or build its config with "
+            "`hf_specdiff.compat.drafter_config_for(verifier)`."
+        )
+    for name in SPECIAL_TOKENS:
+        theirs, ours = _generation_token(verifier, name), getattr(drafter.config, name, None)
+        if theirs is not None and ours is not None and not _ids(theirs) & _ids(ours):
+            raise ValueError(
+                f"The verifier's {name} ({theirs}) differs from the drafter's ({ours}). If the drafter was made for "
+                f"this tokenizer, set `drafter.config.{name} = {theirs!r}`; otherwise use a drafter made for this verifier."
+            )
+
+
+def _ids(value) -> set:
+    return set(value) if isinstance(value, (list, tuple)) else {value}

@@ -1,0 +1,51 @@
+"""Training objectives for diffusion drafters, as pure functions of block logits and targets.
+
+Shapes: `logits` [..., block_size, vocab], `targets` [..., block_size]; leading dims are blocks.
+"""
+
+import torch
+import torch.nn.functional as F
+
+
+def target_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log q_j(x_j): the drafter's log-probability of each target token, [..., block_size]."""
+    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def expected_streak(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """E[accepted streak] = sum_m prod_{j<=m} q_j(x_j) per block, [...] (SpecDiff-2's streak)."""
+    return target_log_probs(logits, targets).cumsum(-1).exp().sum(-1)
+
+
+def streak_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """SpecDiff-2 streak distillation: minus the mean expected accepted streak over blocks."""
+    return -expected_streak(logits, targets).mean()
+
+
+def ce_streak_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Streak-weighted cross-entropy: sum_j stopgrad(prod_{i<j} q_i) * (-log q_j), averaged over blocks.
+
+    Same stationary point as `streak_loss` per position, but log-scaled, so early training (q tiny) still moves.
+    """
+    log_q = target_log_probs(logits, targets)
+    survive = torch.cat([torch.zeros_like(log_q[..., :1]), log_q[..., :-1].cumsum(-1)], dim=-1).exp().detach()
+    return -(survive * log_q).sum(-1).mean()
+
+
+def mdlm_loss(logits: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor, mask_ratio: torch.Tensor) -> torch.Tensor:
+    """Masked-diffusion ELBO: cross-entropy on masked tokens weighted by 1/t (t = the block's mask ratio),
+    divided by the number of tokens."""
+    nll = -target_log_probs(logits, targets)
+    weight = masked.float() / mask_ratio
+    return (nll * weight).sum() / targets.numel()
+
+
+def kl_to_verifier(logits: torch.Tensor, verifier_logits: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """KL(p_verifier || q_drafter) on masked positions, averaged over them."""
+    log_q = torch.log_softmax(logits.float(), dim=-1)
+    log_p = torch.log_softmax(verifier_logits.float(), dim=-1)
+    kl = F.kl_div(log_q, log_p, log_target=True, reduction="none").sum(-1)
+    return (kl * masked).sum() / masked.sum().clamp_min(1)
+
+
+OBJECTIVES = ("streak", "ce-streak", "mdlm")
