@@ -94,5 +94,15 @@ class SpecDiffConfig(PreTrainedConfig):
         self.verifier_name_or_path = verifier_name_or_path
         super().__init__(**kwargs)
 
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        model_type = config_dict.get("model_type")
+        if model_type not in (None, cls.model_type):
+            raise ValueError(
+                f"This checkpoint is a '{model_type}' model, not a SpecDiff drafter ('{cls.model_type}'). Load it with "
+                "AutoModelForCausalLM, and pass a SpecDiff drafter checkpoint as the assistant."
+            )
+        return super().from_dict(config_dict, **kwargs)
+
 
 __all__ = ["SpecDiffConfig", "UNMASKING_SCHEDULES"]

@@ -42,13 +42,16 @@ class SpecDiffRMSNorm(nn.Module):
 
 
 class SpecDiffRotaryEmbedding(nn.Module):
+    """RoPE angles, computed on the fly (no buffer to initialise or load)."""
+
     def __init__(self, config: SpecDiffConfig):
         super().__init__()
-        inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, config.head_dim, 2, dtype=torch.float) / config.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim = config.head_dim
+        self.theta = config.rope_theta
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = position_ids[..., None].float() * self.inv_freq.float()  # [batch, seq, head_dim/2]
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float, device=x.device) / self.head_dim
+        freqs = position_ids[..., None].float() / self.theta**exponent  # [batch, seq, head_dim/2]
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
 
@@ -209,7 +212,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         hidden = self.model(input_ids, position_ids, attention_mask, past_key_values, num_prefix_tokens)
         return CausalLMOutputWithPast(logits=self.lm_head(hidden), past_key_values=past_key_values)
 
-    def _check_inputs(self, input_ids, attention_mask, num_tokens, generation_config):
+    def _check_inputs(self, input_ids, attention_mask, num_tokens):
         if input_ids.shape[0] != 1:
             raise ValueError(
                 f"SpecDiffDrafter drafts for one sequence at a time (got batch size {input_ids.shape[0]}); "
@@ -227,13 +230,6 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             raise ValueError(
                 f"Token id {int(input_ids.max())} is outside the drafter's vocabulary ({self.config.vocab_size}): "
                 "the drafter was made for another tokenizer. Use a drafter trained for this verifier."
-            )
-        verifier_eos = _as_set(generation_config.eos_token_id)
-        if verifier_eos and _as_set(self.config.eos_token_id) and not verifier_eos & _as_set(self.config.eos_token_id):
-            raise ValueError(
-                f"The verifier's eos_token_id {sorted(verifier_eos)} differs from the drafter's "
-                f"{self.config.eos_token_id}: the drafter was made for another tokenizer. Use a drafter trained for "
-                "this verifier (or set drafter.config.eos_token_id if only the config is wrong)."
             )
 
     @torch.no_grad()
@@ -258,7 +254,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         generation_config = copy.deepcopy(generation_config or self.generation_config)
         generation_config.update(**{k: v for k, v in kwargs.items() if hasattr(generation_config, k)})
         num_tokens = max_new_tokens or generation_config.max_new_tokens or self.config.block_size
-        self._check_inputs(input_ids, attention_mask, num_tokens, generation_config)
+        self._check_inputs(input_ids, attention_mask, num_tokens)
         if past_key_values is None:
             past_key_values = SpecDiffCache()
         elif not isinstance(past_key_values, SpecDiffCache):
@@ -280,14 +276,6 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             scores=tuple(scores[:, None].unbind(0)),
             past_key_values=past_key_values,
         )
-
-
-def _as_set(ids) -> set:
-    if ids is None:
-        return set()
-    if isinstance(ids, torch.Tensor):
-        ids = ids.tolist()
-    return set(ids) if isinstance(ids, (list, tuple)) else {int(ids)}
 
 
 def _sampling_processors(generation_config: GenerationConfig) -> LogitsProcessorList:

@@ -1,0 +1,84 @@
+"""Tiny random verifiers and briefly trained drafters, built in-process (no hub)."""
+
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+from hf_specdiff import SpecDiffDrafter
+from hf_specdiff.block_diffusion import block_logits, make_block_diffusion_batch
+from hf_specdiff.compat import drafter_config_for
+from hf_specdiff.objectives import ce_streak_loss
+
+SPECIAL = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
+ARCHS = ("llama", "qwen2", "gpt2")
+
+
+def tiny_verifier(arch: str = "llama", vocab_size: int = 96, seed: int = 0, dtype=torch.float32):
+    torch.manual_seed(seed)
+    if arch == "llama":
+        config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, **SPECIAL)
+        model = LlamaForCausalLM(config)
+    elif arch == "qwen2":
+        config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, **SPECIAL)
+        model = Qwen2ForCausalLM(config)
+    elif arch == "gpt2":
+        config = GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=512, **SPECIAL)
+        model = GPT2LMHeadModel(config)
+    else:
+        raise ValueError(arch)
+    return model.to(dtype).eval()
+
+
+def tiny_drafter(verifier, block_size: int = 8, num_denoising_steps: int = 1, **kwargs):
+    sizes = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
+    config = drafter_config_for(verifier, block_size=block_size, num_denoising_steps=num_denoising_steps,
+                                **{**sizes, **kwargs})
+    return SpecDiffDrafter(config).eval()
+
+
+def greedy_sequences(verifier, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    with torch.no_grad():
+        return verifier.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=max_new_tokens,
+                                 do_sample=False, eos_token_id=None)
+
+
+def train_briefly(drafter, sequences: torch.Tensor, steps: int = 150, lr: float = 3e-3, noise: str = "full"):
+    """A few hundred steps of streak-weighted cross-entropy on `sequences` [n, L]."""
+    drafter.train()
+    opt = torch.optim.AdamW(drafter.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        batch = make_block_diffusion_batch(sequences, drafter.config.block_size, drafter.config.mask_token_index,
+                                           noise, generator)
+        loss = ce_streak_loss(block_logits(drafter, batch), batch.targets)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return drafter.eval()
+
+
+class ForwardCounter:
+    """Counts a model's forward calls."""
+
+    def __init__(self, model):
+        self.count = 0
+        self._handle = model.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.count += 1
+
+    def remove(self):
+        self._handle.remove()
+
+
+def tiny_tokenizer(vocab_size: int = 96):
+    """A word-level tokenizer over words t3..t{V-1} plus <pad>=0, <s>=1, </s>=2, with a decoder joining by spaces."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")

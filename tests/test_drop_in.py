@@ -1,0 +1,107 @@
+"""The drafter as a drop-in `assistant_model` in transformers' own assisted generation."""
+
+import pytest
+import torch
+
+from hf_specdiff import SpecDiffDrafter
+from helpers import ARCHS, ForwardCounter, greedy_sequences, tiny_drafter, tiny_verifier, train_briefly
+
+PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(1))
+
+
+@pytest.fixture(scope="module")
+def trained(request):
+    """Per architecture: a verifier and a drafter (block 16) trained briefly on its greedy outputs."""
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            verifier = tiny_verifier(arch)
+            drafter = tiny_drafter(verifier, block_size=16)
+            train_briefly(drafter, greedy_sequences(verifier, PROMPTS, 48), steps=150)
+            cache[arch] = verifier, drafter
+        return cache[arch]
+
+    return get
+
+
+def with_block(drafter, block_size, steps):
+    """The same weights under another block size and number of denoising steps."""
+    config = drafter.config.__class__(**{**drafter.config.to_dict(), "block_size": block_size,
+                                         "num_denoising_steps": steps})
+    other = SpecDiffDrafter(config).eval()
+    other.load_state_dict(drafter.state_dict())
+    return other
+
+
+CASES = [(1, 1), (4, 1), (4, 2), (4, 4), (16, 1), (16, 2), (16, 16)]
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("block_size,steps", CASES)
+def test_greedy_equals_plain(trained, arch, block_size, steps):
+    verifier, base = trained(arch)
+    drafter = with_block(base, block_size, steps)
+    for i, prompt in enumerate(PROMPTS[:3].split(1)):
+        plain = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None)
+        assisted = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None,
+                                     assistant_model=drafter)
+        assert assisted.tolist() == plain.tolist()
+        # With EOS: stop at a token the plain output produces mid-way.
+        eos = int(plain[0, prompt.shape[1] + 10 + i])
+        plain = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=eos)
+        assisted = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=eos,
+                                     assistant_model=drafter)
+        assert plain[0, -1] == eos and plain.shape[1] < prompt.shape[1] + 40
+        assert assisted.tolist() == plain.tolist()
+
+
+@pytest.mark.parametrize("schedule", ["left_to_right", "confidence"])
+def test_greedy_equals_plain_with_random_drafter_and_schedules(schedule):
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=4, num_denoising_steps=2, unmasking_schedule=schedule)
+    prompt = PROMPTS[:1]
+    plain = verifier.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    assisted = verifier.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None,
+                                 assistant_model=drafter)
+    assert assisted.tolist() == plain.tolist()
+
+
+def test_trained_drafter_is_accepted(trained):
+    verifier, drafter = trained("llama")
+    counter = ForwardCounter(verifier)
+    new_tokens = 0
+    for prompt in PROMPTS[:6].split(1):
+        out = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None, assistant_model=drafter)
+        new_tokens += out.shape[1] - prompt.shape[1]
+    counter.remove()
+    tau = new_tokens / counter.count
+    assert tau > 1.5, f"tau {tau:.2f}"
+
+
+def test_long_context_drafts_from_recent_window():
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=4, max_position_embeddings=16)
+    prompt = torch.randint(3, 96, (1, 30))  # already longer than the drafter's window
+    plain = verifier.generate(prompt, max_new_tokens=50, do_sample=False, eos_token_id=None)
+    assisted = verifier.generate(prompt, max_new_tokens=50, do_sample=False, eos_token_id=None,
+                                 assistant_model=drafter)
+    assert assisted.tolist() == plain.tolist()
+
+
+def test_sampling_runs_and_honours_processors(trained):
+    verifier, drafter = trained("qwen2")
+    out = verifier.generate(PROMPTS[:1], max_new_tokens=30, do_sample=True, temperature=0.7, top_k=20, top_p=0.9,
+                            repetition_penalty=1.1, eos_token_id=None, assistant_model=drafter, return_dict_in_generate=True,
+                            output_scores=True)
+    assert out.sequences.shape[1] == PROMPTS.shape[1] + 30
+    assert len(out.scores) == 30
+
+
+def test_bf16_follows_verifier_dtype(trained):
+    verifier, drafter = trained("llama")
+    verifier16 = tiny_verifier("llama", dtype=torch.bfloat16)
+    drafter16 = with_block(drafter, 16, 1).to(torch.bfloat16)
+    out = verifier16.generate(PROMPTS[:1], max_new_tokens=20, do_sample=False, eos_token_id=None,
+                              assistant_model=drafter16)
+    assert out.shape[1] == PROMPTS.shape[1] + 20

@@ -1,0 +1,86 @@
+"""Saving, remote-code loading, Auto-class registration and pipelines."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, pipeline
+
+import hf_specdiff
+from helpers import greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
+
+INPUT = torch.tensor([[5, 9, 14, 3, 3, 70, 12]])
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8, num_denoising_steps=2)
+    path = tmp_path_factory.mktemp("drafter")
+    drafter.save_pretrained(path)
+    return drafter, path
+
+
+def test_saved_folder_is_hub_ready(saved):
+    _, path = saved
+    config = json.loads((path / "config.json").read_text())
+    assert config["auto_map"] == {"AutoConfig": "configuration_specdiff.SpecDiffConfig",
+                                  "AutoModelForCausalLM": "modeling_specdiff.SpecDiffDrafter"}
+    for name in ("configuration_specdiff.py", "modeling_specdiff.py", "generation_specdiff.py", "model.safetensors"):
+        assert (path / name).exists(), name
+    generation = json.loads((path / "generation_config.json").read_text())
+    assert generation["num_assistant_tokens"] == 8
+    assert generation["assistant_confidence_threshold"] == 0.0
+    for name in ("configuration_specdiff.py", "modeling_specdiff.py", "generation_specdiff.py"):
+        imports = [line for line in (path / name).read_text().splitlines() if line.startswith(("import ", "from "))]
+        assert all(line.split()[1].split(".")[0] in {"torch", "transformers", "", "copy", "dataclasses"}
+                   for line in imports), imports
+
+
+def test_fresh_process_loads_with_trust_remote_code(saved, tmp_path):
+    drafter, path = saved
+    with torch.no_grad():
+        expected = drafter(INPUT).logits
+        expected_draft = drafter.generate(INPUT, max_new_tokens=8).sequences
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.modules["hf_specdiff"] = None  # the package must not be importable
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained({str(path)!r}, trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        inputs = torch.tensor({INPUT.tolist()})
+        with torch.no_grad():
+            torch.save({{"logits": model(inputs).logits,
+                        "draft": model.generate(inputs, max_new_tokens=8).sequences}}, {str(tmp_path / "out.pt")!r})
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+    got = torch.load(tmp_path / "out.pt")
+    assert torch.equal(got["logits"], expected)
+    assert torch.equal(got["draft"], expected_draft)
+
+
+def test_import_registers_auto_classes(saved):
+    drafter, path = saved
+    loaded = AutoModelForCausalLM.from_pretrained(path)  # no trust_remote_code: the installed code is used
+    assert type(loaded) is hf_specdiff.SpecDiffDrafter
+    with torch.no_grad():
+        assert torch.equal(loaded.eval()(INPUT).logits, drafter(INPUT).logits)
+    default = AutoConfig.for_model("specdiff")
+    assert default.model_type == "specdiff" and default.mask_token_index == default.vocab_size
+    model = AutoModelForCausalLM.from_config(default)
+    assert model(torch.tensor([[1, 2, 3]])).logits.shape == (1, 3, default.vocab_size)
+
+
+def test_pipeline_with_assistant_equals_plain_pipeline():
+    verifier = tiny_verifier("llama")
+    tokenizer = tiny_tokenizer()
+    drafter = train_briefly(tiny_drafter(verifier, block_size=8),
+                            greedy_sequences(verifier, torch.randint(3, 96, (8, 5)), 40), steps=60)
+    prompt = "t5 t9 t14 t33 t70"
+    plain = pipeline("text-generation", model=verifier, tokenizer=tokenizer)
+    assisted = pipeline("text-generation", model=verifier, tokenizer=tokenizer, assistant_model=drafter)
+    kwargs = dict(max_new_tokens=30, do_sample=False)
+    assert assisted(prompt, **kwargs)[0]["generated_text"] == plain(prompt, **kwargs)[0]["generated_text"]

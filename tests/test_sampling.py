@@ -1,0 +1,48 @@
+"""Assisted sampling with the drafter is distributed exactly as sampling from the verifier."""
+
+import pytest
+import torch
+
+import hf_specdiff.generation_specdiff as generation
+from helpers import tiny_drafter, tiny_verifier
+from stats import chi_square_pvalue, exact_first_two
+
+VOCAB = 8
+SAMPLES = 1200
+
+
+def sample_pairs(verifier, drafter, prompt):
+    pairs = []
+    for _ in range(SAMPLES):
+        out = verifier.generate(prompt, max_new_tokens=3, do_sample=True, top_k=None, eos_token_id=None,
+                                assistant_model=drafter)
+        pairs.append(out[0, prompt.shape[1]: prompt.shape[1] + 2])
+    return torch.stack(pairs)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    verifier = tiny_verifier("llama", vocab_size=VOCAB, seed=3)
+    with torch.no_grad():  # sharpen the verifier so the target is far from uniform
+        verifier.lm_head.weight.mul_(20)
+    prompt = torch.tensor([[3, 5, 4, 7]])
+    return verifier, prompt, exact_first_two(verifier, prompt)
+
+
+@pytest.mark.parametrize("steps", [1, 2])
+def test_assisted_sampling_matches_target(setup, steps):
+    verifier, prompt, exact = setup
+    drafter = tiny_drafter(verifier, block_size=4, num_denoising_steps=steps)
+    with torch.no_grad():
+        drafter.lm_head.weight.mul_(30)  # a confident drafter, often wrong: both accept and reject paths run
+    torch.manual_seed(1)
+    assert chi_square_pvalue(sample_pairs(verifier, drafter, prompt), exact) > 1e-3
+
+
+def test_chi_square_catches_a_biased_drafter(setup, monkeypatch):
+    verifier, prompt, exact = setup
+    drafter = tiny_drafter(verifier, block_size=4)  # unsure: its argmax is far from a sample
+    # Deliberately wrong: draft the argmax but report the softmax as the distribution it was drawn from.
+    monkeypatch.setattr(generation, "select_tokens", lambda scores, do_sample, generator=None: scores.argmax(-1))
+    torch.manual_seed(1)
+    assert chi_square_pvalue(sample_pairs(verifier, drafter, prompt), exact) < 1e-3
