@@ -8,6 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from .compat import check_compatibility
 from .configuration_specdiff import SpecDiffConfig
+from .decoding import DiffusionCandidateGenerator, SpecDiffStats, generate, specdiff_generate
 from .generation_specdiff import SpecDiffCache
 from .modeling_specdiff import SpecDiffDrafter, SpecDiffModel
 
@@ -19,4 +20,14 @@ AutoModelForCausalLM.register(SpecDiffConfig, SpecDiffDrafter, exist_ok=True)
 SpecDiffConfig.register_for_auto_class()
 SpecDiffDrafter.register_for_auto_class("AutoModelForCausalLM")
 
-__all__ = ["SpecDiffConfig", "SpecDiffDrafter", "SpecDiffModel", "SpecDiffCache", "check_compatibility"]
+__all__ = [
+    "SpecDiffConfig",
+    "SpecDiffDrafter",
+    "SpecDiffModel",
+    "SpecDiffCache",
+    "SpecDiffStats",
+    "DiffusionCandidateGenerator",
+    "check_compatibility",
+    "generate",
+    "specdiff_generate",
+]

@@ -232,6 +232,35 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                 "the drafter was made for another tokenizer. Use a drafter trained for this verifier."
             )
 
+    def new_cache(self) -> SpecDiffCache:
+        """An empty prefix cache for one generation."""
+        return SpecDiffCache()
+
+    def draft(
+        self,
+        input_ids: torch.LongTensor,
+        cache: SpecDiffCache,
+        num_tokens: int,
+        logits_processor: list | None = None,
+        do_sample: bool = False,
+        num_steps: int | None = None,
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Draft `num_tokens` tokens after `input_ids` [1, seq] in `num_steps` denoising steps (default: the config's).
+
+        Returns the draft [1, num_tokens] and the processed logits [num_tokens, vocab] each token was drawn from.
+        With `num_steps=1` the logits are the per-position marginals of one forward (what self-selection samples).
+        """
+        return draft_block(
+            self,
+            input_ids,
+            cache,
+            num_tokens,
+            LogitsProcessorList(logits_processor or []),
+            do_sample=do_sample,
+            num_steps=num_steps or self.config.num_denoising_steps,
+            schedule=self.config.unmasking_schedule,
+        )
+
     @torch.no_grad()
     def generate(
         self,
@@ -261,16 +290,8 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             raise TypeError(f"past_key_values must be the SpecDiffCache this drafter returned, got {type(past_key_values)}")
         if logits_processor is None:
             logits_processor = _sampling_processors(generation_config)
-        draft, scores = draft_block(
-            self,
-            input_ids,
-            past_key_values,
-            num_tokens,
-            LogitsProcessorList(logits_processor),
-            do_sample=bool(generation_config.do_sample),
-            num_steps=self.config.num_denoising_steps,
-            schedule=self.config.unmasking_schedule,
-        )
+        draft, scores = self.draft(input_ids, past_key_values, num_tokens, logits_processor,
+                                   do_sample=bool(generation_config.do_sample))
         return GenerateDecoderOnlyOutput(
             sequences=torch.cat([input_ids, draft], dim=1),
             scores=tuple(scores[:, None].unbind(0)),
