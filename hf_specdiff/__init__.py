@@ -10,6 +10,7 @@ from .compat import check_compatibility
 from .configuration_specdiff import SpecDiffConfig
 from .decoding import DiffusionCandidateGenerator, SpecDiffStats, generate, specdiff_generate
 from .generation_specdiff import SpecDiffCache
+from .hub import export_custom_generate
 from .modeling_specdiff import SpecDiffDrafter, SpecDiffModel
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "SpecDiffStats",
     "DiffusionCandidateGenerator",
     "check_compatibility",
+    "export_custom_generate",
     "generate",
     "specdiff_generate",
 ]

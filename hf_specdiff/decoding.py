@@ -33,6 +33,7 @@ import torch
 
 from transformers import GenerationMixin
 from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.stopping_criteria import StopStringCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 
@@ -442,6 +443,9 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         draft_length: a fixed draft length (<= block size); `None` adapts it to measured acceptance.
         token_streamer: a streamer (`put`/`end`), since transformers does not forward `streamer` to custom loops.
         specdiff_stats: a `SpecDiffStats` to fill; the last run's stats are also left on `drafter.last_stats`.
+
+    transformers drops `tokenizer` before calling a custom loop, so `stop_strings` need `generate(...)` below, or
+    `stopping_criteria=[StopStringCriteria(tokenizer, stop_strings)]`.
     """
     if drafter is None:
         raise ValueError("specdiff_generate needs a drafter: model.generate(..., drafter=drafter)")
@@ -485,6 +489,13 @@ def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int 
         raise ValueError("Pass the drafter: generate(model, drafter, **inputs) or model.generate(..., drafter=drafter)")
     kwargs.pop("custom_generate", None)
     kwargs.pop("trust_remote_code", None)
+    stop_strings, tokenizer = kwargs.pop("stop_strings", None), kwargs.pop("tokenizer", None)
+    if stop_strings:  # transformers would drop the tokenizer on the way to a custom loop: build the criterion here
+        if tokenizer is None:
+            raise ValueError("stop_strings need the verifier's tokenizer: pass tokenizer=...")
+        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+        criteria.append(StopStringCriteria(tokenizer, [stop_strings] if isinstance(stop_strings, str) else stop_strings))
+        kwargs["stopping_criteria"] = criteria
     return GenerationMixin.generate(model, *args, custom_generate=specdiff_generate, drafter=drafter,
                                     num_drafts=num_drafts, draft_length=draft_length, token_streamer=streamer,
                                     specdiff_stats=stats, **kwargs)

@@ -43,6 +43,15 @@ def greedy_sequences(verifier, prompts: torch.Tensor, max_new_tokens: int) -> to
                                  do_sample=False, eos_token_id=None)
 
 
+def sampled_sequences(verifier, prompt: torch.Tensor, num: int, max_new_tokens: int, seed: int = 0) -> torch.Tensor:
+    """`num` samples [num, L] from `verifier` after `prompt` [1, L0] (temperature 1, no top-k)."""
+    torch.manual_seed(seed)
+    prompts = prompt.expand(num, -1)
+    with torch.no_grad():
+        return verifier.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=max_new_tokens,
+                                 do_sample=True, top_k=None, eos_token_id=None)
+
+
 def train_briefly(drafter, sequences: torch.Tensor, steps: int = 150, lr: float = 3e-3, noise: str = "full"):
     """A few hundred steps of streak-weighted cross-entropy on `sequences` [n, L]."""
     drafter.train()
@@ -73,12 +82,40 @@ class ForwardCounter:
 
 
 def tiny_tokenizer(vocab_size: int = 96):
-    """A word-level tokenizer over words t3..t{V-1} plus <pad>=0, <s>=1, </s>=2, with a decoder joining by spaces."""
+    """A word-level tokenizer over words t4..t{V-1} plus <pad>=0, <s>=1, </s>=2, with a decoder joining by spaces.
+
+    Id 3 is "abcdef", the probe that transformers' stop-string matching tokenizes to learn token boundaries."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, vocab_size)}}
+    vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, "abcdef": 3, **{f"t{i}": i for i in range(4, vocab_size)}}
     backend = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     backend.decoder = decoders.WordPiece(prefix="##")
     return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>")
+
+
+def tiny_gemma3(vocab_size: int = 96, sliding_window: int = 8, seed: int = 0):
+    """A tiny Gemma-3 text model whose sliding-window layers see only `sliding_window` tokens."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    torch.manual_seed(seed)
+    config = Gemma3TextConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              sliding_window=sliding_window, sliding_window_pattern=2,
+                              layer_types=["sliding_attention", "full_attention"] * 2,
+                              attn_implementation="sdpa", **SPECIAL)
+    return Gemma3ForCausalLM(config).eval()
+
+
+class CollectingStreamer:
+    """A streamer that keeps what it is given."""
+
+    def __init__(self):
+        self.tokens, self.ended = [], False
+
+    def put(self, value):
+        self.tokens += value.flatten().tolist()
+
+    def end(self):
+        self.ended = True

@@ -1,0 +1,504 @@
+"""SpecDiff-2 decoding: diffusion drafts verified by the verifier, with self-selection over K drafts.
+
+Entry points (the same loop):
+    model.generate(**inputs, custom_generate=specdiff_generate, drafter=drafter, num_drafts=8)
+    generate(model, drafter, **inputs, num_drafts=8)
+
+K = 1 runs transformers' own assisted-decoding loop with `DiffusionCandidateGenerator` supplying the drafts.
+K > 1 runs self-selection: one drafter forward gives per-position marginals q_1..q_g; K drafts are drawn from
+them and merged into a prefix tree; one verifier forward scores every tree node (4D tree attention mask, one
+position id per node); the verifier's cache is then compacted to the accepted path by a gather.
+
+Why the output is exactly the verifier's:
+- Greedy: the walk from the root follows the child equal to the verifier's argmax, and stops with the argmax as
+  the bonus token. Every emitted token is the verifier's argmax given the tokens before it.
+- Sampling: the drafts are K independent draws from the product of marginals q_1 x ... x q_g, which depend on the
+  committed prefix only. At a tree node of depth d, the drafts passing through it carry next tokens that are
+  independent draws from q_{d+1}, whatever happened at depths <= d. That is the setting of multi-candidate
+  speculative sampling (SpecInfer, Miao et al. 2024, Theorem 4.2): try the draws in order, accept draw x with
+  probability min(1, p(x)/q(x)) where p is the current target, and on rejection replace p by
+  norm(max(p - q, 0)). If a draw is accepted, the emitted token is distributed as the target and the walk goes on
+  at that child; if all are rejected, a token from the last residual is distributed as the target too. Repeated
+  draws of an already rejected token are tried again (they are rejected with probability 1, since p(x) < q(x)
+  held when it was rejected and the residual puts no mass on it) and still update the residual, so the
+  multiplicity of draws is respected even though the tree stores each prefix once.
+
+This file imports only torch and transformers, so it also ships as a Hub `custom_generate/generate.py`.
+"""
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+
+from transformers import GenerationMixin
+from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.stopping_criteria import StopStringCriteria, StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+
+@dataclass
+class SpecDiffStats:
+    """What one generation did: rounds (verifier forwards), tokens, and acceptance by draft position."""
+
+    rounds: int = 0
+    new_tokens: int = 0
+    drafter_forwards: int = 0
+    drafted: list[int] = field(default_factory=list)  # drafted[i]: rounds that drafted position i
+    accepted: list[int] = field(default_factory=list)  # accepted[i]: rounds that accepted position i
+
+    @property
+    def tau(self) -> float:
+        """Mean tokens per verifier forward (accepted draft tokens plus the bonus token)."""
+        return self.new_tokens / max(self.rounds, 1)
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d for a, d in zip(self.accepted, self.drafted) if d]
+
+    def record_round(self, num_drafted: int, num_accepted: int):
+        self.rounds += 1
+        grow = num_drafted - len(self.drafted)
+        if grow > 0:
+            self.drafted += [0] * grow
+            self.accepted += [0] * grow
+        for i in range(num_drafted):
+            self.drafted[i] += 1
+            self.accepted[i] += i < num_accepted
+
+    def as_dict(self) -> dict:
+        return {"rounds": self.rounds, "new_tokens": self.new_tokens, "tau": self.tau,
+                "drafter_forwards": self.drafter_forwards, "acceptance_by_position": self.acceptance_by_position}
+
+
+class DraftLengthController:
+    """Adaptive draft length from measured acceptance.
+
+    Keeps, per draft position i, the rate a_i at which position i is accepted once every position before it was,
+    starting optimistic ((accepted + 1) / (reached + 1): 1 until a position is tried, so drafting starts at full
+    length and grows back to untried lengths quickly). Picks the length g <= max_length that maximises expected tokens per round
+    (1 + sum_{m<=g} prod_{i<=m} a_i) over the round's relative cost (1 + cost_per_token * g): it grows while later
+    positions keep being accepted and shrinks when early rejections dominate.
+    """
+
+    def __init__(self, max_length: int, fixed: int | None = None, cost_per_token: float = 0.02):
+        self.max_length = max_length
+        self.fixed = fixed
+        self.cost_per_token = cost_per_token
+        self.reached = torch.zeros(max_length)
+        self.accepted = torch.zeros(max_length)
+
+    def next_length(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        rate = (self.accepted + 1) / (self.reached + 1)
+        expected = 1 + rate.cumprod(0).cumsum(0)
+        lengths = torch.arange(1, self.max_length + 1)
+        return int(lengths[(expected / (1 + self.cost_per_token * lengths)).argmax()])
+
+    def update(self, num_drafted: int, num_accepted: int):
+        reached = min(num_accepted + 1, num_drafted)
+        self.reached[:reached] += 1
+        self.accepted[:num_accepted] += 1
+
+
+class DiffusionCandidateGenerator(CandidateGenerator):
+    """Drafts from a SpecDiff drafter for transformers' assisted-decoding loop (one linear draft per round)."""
+
+    def __init__(self, drafter, generation_config, logits_processor, draft_length: int | None = None,
+                 stats: SpecDiffStats | None = None):
+        self.drafter = drafter
+        self.cache = drafter.new_cache()
+        self.logits_processor = list(logits_processor or [])
+        self.do_sample = bool(generation_config.do_sample)
+        self.max_length = generation_config.max_length
+        self.controller = DraftLengthController(drafter.config.block_size, draft_length)
+        self.stats = stats if stats is not None else SpecDiffStats()
+        self._last_draft_len = 0
+
+    def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
+        num_tokens = min(self.controller.next_length(), self.max_length - input_ids.shape[1] - 1)
+        self._last_draft_len = max(num_tokens, 0)
+        if num_tokens <= 0:
+            return input_ids, None
+        ids = input_ids.to(self.drafter.device)
+        draft, scores = self.drafter.draft(ids, self.cache, num_tokens, self.logits_processor, self.do_sample)
+        self.stats.drafter_forwards += min(num_tokens, self.drafter.config.num_denoising_steps)
+        return torch.cat([input_ids, draft.to(input_ids.device)], dim=1), scores[None].to(input_ids.device)
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
+        self.stats.record_round(self._last_draft_len, int(num_matches))
+        if self._last_draft_len:
+            self.controller.update(self._last_draft_len, int(num_matches))
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The draft tree
+
+
+@dataclass
+class DraftTree:
+    """Unique prefixes of K drafts. Node n has `tokens[n]`, `parents[n]` (-1: the last committed token) and
+    `depths[n]` (1-based); `draws[v]` lists, for parent v, the (token, child) of every draft through v, in draw order."""
+
+    tokens: torch.Tensor
+    parents: list[int]
+    depths: torch.Tensor
+    draws: dict[int, list[tuple[int, int]]]
+    ancestors: torch.Tensor  # [N, N] bool: ancestors[n, u] = u is n or an ancestor of n
+
+    @classmethod
+    def from_drafts(cls, drafts: torch.Tensor) -> "DraftTree":
+        """Build the tree of `drafts` [K, g]."""
+        index: dict[tuple, int] = {}
+        tokens, parents, depths = [], [], []
+        draws: dict[int, list[tuple[int, int]]] = {}
+        for row in drafts.tolist():
+            parent = -1
+            for depth in range(1, len(row) + 1):
+                key = tuple(row[:depth])
+                if key not in index:
+                    index[key] = len(tokens)
+                    tokens.append(row[depth - 1])
+                    parents.append(parent)
+                    depths.append(depth)
+                draws.setdefault(parent, []).append((row[depth - 1], index[key]))
+                parent = index[key]
+        n = len(tokens)
+        ancestors = torch.eye(n, dtype=torch.bool)
+        for node in range(n):  # parents come before children
+            if parents[node] >= 0:
+                ancestors[node] |= ancestors[parents[node]]
+        return cls(torch.tensor(tokens, dtype=torch.long), parents, torch.tensor(depths, dtype=torch.long), draws, ancestors)
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    def path(self, node: int) -> list[int]:
+        """Nodes from the root's child down to `node`."""
+        out = []
+        while node >= 0:
+            out.append(node)
+            node = self.parents[node]
+        return out[::-1]
+
+
+def top_k_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The k most probable sequences [k', g] (k' <= k) under the product of the marginals softmax(scores) [g, V]."""
+    log_q = scores.float().log_softmax(-1)
+    beams, beam_scores = torch.empty(1, 0, dtype=torch.long), torch.zeros(1)
+    for position in range(log_q.shape[0]):
+        width = min(k, log_q.shape[1])
+        top = log_q[position].topk(width)
+        candidates = (beam_scores[:, None] + top.values[None]).flatten()
+        best = candidates.topk(min(k, candidates.numel()))
+        beams = torch.cat([beams[best.indices // width], top.indices[best.indices % width, None]], dim=1)
+        beam_scores = best.values
+        keep = beam_scores > float("-inf")
+        beams, beam_scores = beams[keep], beam_scores[keep]
+    return beams
+
+
+def sample_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """k independent draws [k, g] from the product of the marginals softmax(scores) [g, V]."""
+    probs = scores.float().softmax(-1)
+    return torch.multinomial(probs, k, replacement=True).T
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The target after a rejected draw: norm(max(p - q, 0)) (p itself if p == q to rounding)."""
+    rest = (p - q).clamp_min(0)
+    total = rest.sum()
+    return rest / total if total > 0 else p
+
+
+def accept_sampling(tree: DraftTree, target_scores: torch.Tensor, draft_probs: torch.Tensor):
+    """Multi-candidate speculative sampling down the tree.
+
+    `target_scores` [1 + N, V]: the verifier's processed logits at the last committed token (row 0) and at each
+    node (row 1 + n). `draft_probs` [g, V]: the drafts' per-depth distributions. Returns (accepted nodes, next token).
+    """
+    node, depth = -1, 0
+    p = target_scores[0].float().softmax(-1)
+    while True:
+        for token, child in tree.draws.get(node, []):
+            q = draft_probs[depth]
+            if torch.rand(()) * q[token] <= p[token]:  # accept with probability min(1, p/q)
+                node, depth = child, depth + 1
+                p = target_scores[1 + node].float().softmax(-1)
+                break
+            p = residual(p, q)
+        else:
+            return tree.path(node), int(torch.multinomial(p, 1))
+
+
+def accept_greedy(tree: DraftTree, target_scores: torch.Tensor):
+    """Follow the verifier's argmax down the tree. Returns (accepted nodes, bonus token)."""
+    node = -1
+    while True:
+        best = int(target_scores[1 + node].argmax())
+        child = next((c for token, c in tree.draws.get(node, []) if token == best), None)
+        if child is None:
+            return tree.path(node), best
+        node = child
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Verifier side: tree attention and cache compaction
+
+
+def _layer_types(model) -> list[str] | None:
+    return getattr(model.config.get_text_config(), "layer_types", None)
+
+
+def tree_attention_mask(model, cache, num_committed: int, tree: DraftTree, dtype) -> torch.Tensor | dict:
+    """Additive 4D mask(s) for one verifier forward over [uncommitted prefix tokens, tree nodes].
+
+    Prefix queries attend causally; a node attends to the whole prefix and to its ancestors and itself. Models
+    with sliding-window layers get one mask per layer type, cut to the keys each layer type holds.
+    """
+    num_query = num_committed + len(tree)
+    past = cache.get_seq_length()
+    positions = torch.cat([torch.arange(past, past + num_committed),
+                           past + num_committed - 1 + tree.depths])  # query positions
+    allowed = torch.zeros(num_query, past + num_query, dtype=torch.bool)
+    allowed[:, :past] = True
+    allowed[:num_committed, past:past + num_committed] = torch.ones(num_committed, num_committed).tril().bool()
+    allowed[num_committed:, past:past + num_committed] = True
+    allowed[num_committed:, past + num_committed:] = tree.ancestors
+    key_positions = torch.cat([torch.arange(past + num_committed), positions[num_committed:]])
+
+    def build(layer_idx: int, window: int | None):
+        layers = getattr(cache, "layers", [])
+        kv_length, kv_offset = layers[layer_idx].get_mask_sizes(num_query) if layer_idx < len(layers) \
+            else (past + num_query, 0)
+        mask = allowed[:, kv_offset:kv_offset + kv_length]
+        if window is not None:
+            mask = mask & (key_positions[None, kv_offset:kv_offset + kv_length] > positions[:, None] - window)
+        additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
+        return additive[None, None].to(model.device)
+
+    types = _layer_types(model)
+    if not types:
+        return build(0, None)
+    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    return {kind: build(types.index(kind), window if kind == "sliding_attention" else None) for kind in set(types)}
+
+
+def compact_cache(cache, num_tree: int, keep: list[int]):
+    """Drop the tree nodes not in `keep` (indices into the last `num_tree` cache entries), by a gather."""
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        length = layer.keys.shape[-2]
+        base = length - num_tree
+        index = torch.cat([torch.arange(base), base + torch.tensor(keep, dtype=torch.long)]).to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, index)
+        layer.values = layer.values.index_select(-2, index)
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length -= num_tree - len(keep)
+            window = getattr(layer, "sliding_window", None)
+            if window is not None and layer.keys.shape[-2] > window - 1:
+                layer.keys = layer.keys[:, :, -window + 1:]
+                layer.values = layer.values[:, :, -window + 1:]
+
+
+def _check_tree_support(model):
+    implementation = getattr(model.config, "_attn_implementation", "eager") or "eager"
+    if getattr(model, "_is_stateful", False) or implementation.startswith(("flash", "flex")):
+        raise ValueError(
+            f"Self-selection (num_drafts > 1) verifies a tree with a custom 4D attention mask, which "
+            f"{type(model).__name__} with attn_implementation={implementation!r} does not take. Load the verifier with "
+            "attn_implementation='sdpa' (or 'eager'), or use num_drafts=1."
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The decoding loops
+
+
+def _stop_index(input_ids: torch.Tensor, start: int, stopping_criteria) -> int | None:
+    """The first length > start at which the stopping criteria fire, replaying them token by token."""
+    for length in range(start + 1, input_ids.shape[1] + 1):
+        if bool(stopping_criteria(input_ids[:, :length], None).any()):
+            return length
+    return None
+
+
+@torch.no_grad()
+def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter, num_drafts,
+                   draft_length, streamer, stats, past_key_values):
+    _check_tree_support(model)
+    cache = past_key_values
+    if hasattr(cache, "activate_past_recording"):
+        cache.activate_past_recording()
+    do_sample = bool(generation_config.do_sample)
+    controller = DraftLengthController(drafter.config.block_size, draft_length)
+    drafter_cache = drafter.new_cache()
+    output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
+    all_scores = []
+    dtype = model.dtype
+    prompt_len = input_ids.shape[1]
+
+    while True:
+        committed = input_ids[:, cache.get_seq_length():]
+        num_tokens = min(controller.next_length(), generation_config.max_length - input_ids.shape[1] - 1)
+        if num_tokens > 0:
+            _, draft_scores = drafter.draft(input_ids.to(drafter.device), drafter_cache, num_tokens, logits_processor,
+                                            num_steps=1)
+            stats.drafter_forwards += 1
+            draft_scores = draft_scores.to(input_ids.device)
+            drafts = sample_drafts(draft_scores, num_drafts) if do_sample else top_k_drafts(draft_scores, num_drafts)
+            tree = DraftTree.from_drafts(drafts.cpu())
+        else:
+            tree = DraftTree.from_drafts(torch.empty(1, 0, dtype=torch.long))
+        tree_tokens = tree.tokens.to(input_ids.device)
+        past = cache.get_seq_length()
+        positions = torch.cat([torch.arange(past, past + committed.shape[1]),
+                               past + committed.shape[1] - 1 + tree.depths]).to(input_ids.device)
+        outputs = model(
+            input_ids=torch.cat([committed, tree_tokens[None]], dim=1),
+            position_ids=positions[None],
+            attention_mask=tree_attention_mask(model, cache, committed.shape[1], tree, dtype),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1 + len(tree),
+        )
+        logits = outputs.logits[0].float()  # [1 + N, V]: last committed token, then nodes
+        # Process each row with its own context (committed tokens + the node's path), one batch per depth.
+        target_scores = torch.empty_like(logits)
+        target_scores[0] = logits_processor(input_ids, logits[:1])[0]
+        for depth in range(1, int(tree.depths.max()) + 1 if len(tree) else 1):
+            nodes = (tree.depths == depth).nonzero().flatten().tolist()
+            context = torch.stack([tree_tokens[tree.path(n)] for n in nodes])
+            context = torch.cat([input_ids.expand(len(nodes), -1), context], dim=1)
+            target_scores[1 + torch.tensor(nodes)] = logits_processor(context, logits[1 + torch.tensor(nodes)])
+
+        if do_sample:
+            path, next_token = accept_sampling(tree, target_scores, draft_scores.float().softmax(-1))
+        else:
+            path, next_token = accept_greedy(tree, target_scores)
+        stats.record_round(max(num_tokens, 0), len(path))
+        if num_tokens > 0:
+            controller.update(num_tokens, len(path))
+        compact_cache(cache, len(tree), path)
+
+        new_tokens = torch.cat([tree_tokens[path], tree_tokens.new_tensor([next_token])])[None]
+        start = input_ids.shape[1]
+        input_ids = torch.cat([input_ids, new_tokens], dim=1)
+        stop = _stop_index(input_ids, start, stopping_criteria)
+        if stop is not None:
+            input_ids = input_ids[:, :stop]
+        if output_scores:
+            rows = [0] + [1 + n for n in path]
+            all_scores += [target_scores[r][None] for r in rows][: input_ids.shape[1] - start]
+        if streamer is not None:
+            streamer.put(input_ids[:, start:].cpu())
+        if stop is not None:
+            break
+
+    stats.new_tokens += input_ids.shape[1] - prompt_len
+    if streamer is not None:
+        streamer.end()
+    if generation_config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=input_ids, scores=tuple(all_scores) if output_scores else None,
+                                         past_key_values=cache)
+    return input_ids
+
+
+def _linear_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
+                     draft_length, streamer, stats, model_kwargs):
+    """K = 1: transformers' own `_assisted_decoding`, fed by `DiffusionCandidateGenerator`."""
+    generator = DiffusionCandidateGenerator(drafter, generation_config, logits_processor, draft_length, stats)
+    model.__dict__["_get_candidate_generator"] = lambda *args, **kwargs: generator  # this call only
+    try:
+        result = GenerationMixin._assisted_decoding(
+            model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
+            generation_config=generation_config, synced_gpus=False, streamer=streamer, **model_kwargs)
+    finally:
+        model.__dict__.pop("_get_candidate_generator", None)
+    # The loop checks stop criteria once per round; cut where plain decoding would have stopped.
+    sequences = result.sequences if generation_config.return_dict_in_generate else result
+    stop = _stop_index(sequences, input_ids.shape[1], stopping_criteria)
+    if stop is not None and stop < sequences.shape[1]:
+        if generation_config.return_dict_in_generate:
+            result.sequences = sequences[:, :stop]
+            if result.scores is not None:
+                result.scores = result.scores[: stop - input_ids.shape[1]]
+        else:
+            result = sequences[:, :stop]
+    stats.new_tokens += (result.sequences if generation_config.return_dict_in_generate else result).shape[1] \
+        - input_ids.shape[1]
+    return result
+
+
+def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                      drafter=None, num_drafts: int = 1, draft_length: int | None = None, token_streamer=None,
+                      specdiff_stats: SpecDiffStats | None = None, **model_kwargs):
+    """A `custom_generate` callable: `model.generate(**inputs, custom_generate=specdiff_generate, drafter=...)`.
+
+    Args:
+        drafter: a SpecDiff drafter for this verifier.
+        num_drafts: K, the drafts verified together as a prefix tree (1: a single draft, transformers' own loop).
+        draft_length: a fixed draft length (<= block size); `None` adapts it to measured acceptance.
+        token_streamer: a streamer (`put`/`end`), since transformers does not forward `streamer` to custom loops.
+        specdiff_stats: a `SpecDiffStats` to fill; the last run's stats are also left on `drafter.last_stats`.
+
+    transformers drops `tokenizer` before calling a custom loop, so `stop_strings` need `generate(...)` below, or
+    `stopping_criteria=[StopStringCriteria(tokenizer, stop_strings)]`.
+    """
+    if drafter is None:
+        raise ValueError("specdiff_generate needs a drafter: model.generate(..., drafter=drafter)")
+    if input_ids.shape[0] != 1:
+        raise ValueError(f"SpecDiff decoding runs one prompt at a time (got batch size {input_ids.shape[0]}).")
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is not None and not bool(attention_mask.all()):
+        raise ValueError("SpecDiff decoding does not take padded inputs: pass one unpadded prompt.")
+    if num_drafts < 1:
+        raise ValueError(f"num_drafts must be >= 1, got {num_drafts}")
+    if draft_length is not None and not 1 <= draft_length <= drafter.config.block_size:
+        raise ValueError(f"draft_length must be between 1 and the drafter's block_size "
+                         f"({drafter.config.block_size}), got {draft_length}")
+    _check_pair(model, drafter)
+    stats = specdiff_stats if specdiff_stats is not None else SpecDiffStats()
+    drafter.last_stats = stats
+    if num_drafts == 1:
+        return _linear_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
+                                draft_length, token_streamer, stats, model_kwargs)
+    return _tree_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
+                          num_drafts, draft_length, token_streamer, stats, model_kwargs["past_key_values"])
+
+
+def _check_pair(model, drafter):
+    verifier_vocab = model.config.get_text_config().vocab_size
+    if drafter.config.vocab_size != verifier_vocab:
+        raise ValueError(
+            f"The drafter's vocab_size ({drafter.config.vocab_size}) differs from the verifier's ({verifier_vocab}): "
+            "use a drafter trained for this verifier's tokenizer."
+        )
+
+
+def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int | None = None, streamer=None,
+             stats: SpecDiffStats | None = None, **kwargs):
+    """`model.generate(*args, **kwargs)` with SpecDiff drafting: the short form, and the Hub `custom_generate` entry.
+
+    Takes every `generate` argument, plus `drafter`, `num_drafts` (K), `draft_length` (None: adaptive),
+    `streamer` and `stats` (a `SpecDiffStats` to fill).
+    """
+    if drafter is None:
+        raise ValueError("Pass the drafter: generate(model, drafter, **inputs) or model.generate(..., drafter=drafter)")
+    kwargs.pop("custom_generate", None)
+    kwargs.pop("trust_remote_code", None)
+    stop_strings, tokenizer = kwargs.pop("stop_strings", None), kwargs.pop("tokenizer", None)
+    if stop_strings:  # transformers would drop the tokenizer on the way to a custom loop: build the criterion here
+        if tokenizer is None:
+            raise ValueError("stop_strings need the verifier's tokenizer: pass tokenizer=...")
+        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+        criteria.append(StopStringCriteria(tokenizer, [stop_strings] if isinstance(stop_strings, str) else stop_strings))
+        kwargs["stopping_criteria"] = criteria
+    return GenerationMixin.generate(model, *args, custom_generate=specdiff_generate, drafter=drafter,
+                                    num_drafts=num_drafts, draft_length=draft_length, token_streamer=streamer,
+                                    specdiff_stats=stats, **kwargs)
+
+
+__all__ = ["SpecDiffStats", "DiffusionCandidateGenerator", "DraftTree", "specdiff_generate", "generate"]
