@@ -86,7 +86,10 @@ def make_block_diffusion_batch(
 
 
 def block_logits(drafter, batch: BlockDiffusionBatch) -> torch.Tensor:
-    """The drafter's logits [batch, num_blocks, block_size, vocab] on the noised blocks of `batch` (one forward)."""
+    """The drafter's head logits [batch, num_blocks, block_size, head_size] on the noised blocks (one forward).
+
+    With a reduced draft vocabulary these are over the draft vocabulary: map targets with `drafter.to_draft_vocab`.
+    """
     hidden = drafter.model(batch.input_ids, batch.position_ids, batch.attention_mask)
     length = batch.input_ids.shape[1] // 2
     noisy = hidden[:, length:][:, batch.block_slice]

@@ -33,6 +33,9 @@ class SpecDiffConfig(PreTrainedConfig):
             pipelines require them to match).
         mask_token_index (`int`, *optional*): Embedding row of the mask (absorbing) token; defaults to `vocab_size`,
             the row after the verifier's vocabulary (the drafter never predicts it).
+        draft_token_ids (`list[int]`, *optional*): A reduced draft vocabulary: the verifier token ids the head
+            predicts. The drafter gives probability 0 to every other token, which keeps decoding lossless and makes the
+            head (hidden x vocabulary) much cheaper. `None` predicts the whole vocabulary.
         verifier_name_or_path (`str`, *optional*): The verifier this drafter was trained for.
     """
 
@@ -58,6 +61,7 @@ class SpecDiffConfig(PreTrainedConfig):
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
         mask_token_index: int | None = None,
+        draft_token_ids: list[int] | None = None,
         verifier_name_or_path: str | None = None,
         **kwargs,
     ):
@@ -91,6 +95,11 @@ class SpecDiffConfig(PreTrainedConfig):
         # The embedding has a mask row the head must not predict, so input and output embeddings stay untied.
         kwargs.pop("tie_word_embeddings", None)
         self.tie_word_embeddings = False
+        if draft_token_ids is not None:
+            draft_token_ids = [int(i) for i in draft_token_ids]
+            if len(set(draft_token_ids)) != len(draft_token_ids) or not all(0 <= i < vocab_size for i in draft_token_ids):
+                raise ValueError("draft_token_ids must be distinct token ids below vocab_size")
+        self.draft_token_ids = draft_token_ids
         self.verifier_name_or_path = verifier_name_or_path
         super().__init__(**kwargs)
 

@@ -153,7 +153,8 @@ def draft_block(
             attention_mask=mask,
             past_key_values=cache,
             num_prefix_tokens=num_new,
-        ).logits[0, -num_tokens:].float()
+            logits_to_keep=num_tokens,
+        ).logits[0].float()
 
         if schedule == "confidence":
             confidence = logits.max(-1).values.masked_fill(decided, float("-inf"))

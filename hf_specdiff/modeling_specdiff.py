@@ -177,7 +177,9 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
     def __init__(self, config: SpecDiffConfig):
         super().__init__(config)
         self.model = SpecDiffModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        head_size = len(config.draft_token_ids) if config.draft_token_ids is not None else config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, head_size, bias=False)
+        self._draft_ids: torch.Tensor | None = None
         self.post_init()
         self.generation_config.num_assistant_tokens = config.block_size
         self.generation_config.num_assistant_tokens_schedule = "constant"
@@ -192,6 +194,32 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
     def get_output_embeddings(self):
         return self.lm_head
 
+    def draft_vocab_ids(self, device=None) -> torch.Tensor | None:
+        """The verifier ids of the head's outputs [head_size], or `None` when the head covers the whole vocabulary."""
+        if self.config.draft_token_ids is None:
+            return None
+        device = device or self.lm_head.weight.device
+        if self._draft_ids is None or self._draft_ids.device != torch.device(device):
+            self._draft_ids = torch.tensor(self.config.draft_token_ids, dtype=torch.long, device=device)
+        return self._draft_ids
+
+    def to_draft_vocab(self, ids: torch.Tensor) -> torch.Tensor:
+        """Map verifier token ids to head indices (-1 for tokens outside the draft vocabulary)."""
+        draft_ids = self.draft_vocab_ids(ids.device)
+        if draft_ids is None:
+            return ids
+        lookup = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
+        lookup[draft_ids] = torch.arange(draft_ids.shape[0], device=ids.device)
+        return lookup[ids]
+
+    def to_full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Head logits [..., head_size] as logits over the verifier's vocabulary (-inf outside the draft vocabulary)."""
+        draft_ids = self.draft_vocab_ids(logits.device)
+        if draft_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, draft_ids, logits)
+
     def forward(
         self,
         input_ids: torch.LongTensor,
@@ -199,18 +227,22 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         attention_mask: torch.Tensor | None = None,
         past_key_values: SpecDiffCache | None = None,
         num_prefix_tokens: int = 0,
+        logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Logits [batch, seq, vocab_size] for every input position.
+        """Logits [batch, seq, vocab_size] over the verifier's vocabulary for every input position.
 
         Args:
             attention_mask: boolean [batch or 1, 1, seq, cached + seq], True where a query may attend. `None` means
                 causal attention over the inputs (after the whole cache).
             past_key_values: the prefix cache. The keys and values of the first `num_prefix_tokens` inputs are
                 appended to it; the rest (the draft block) are attended to but not cached.
+            logits_to_keep: if > 0, compute logits for the last `logits_to_keep` positions only.
         """
         hidden = self.model(input_ids, position_ids, attention_mask, past_key_values, num_prefix_tokens)
-        return CausalLMOutputWithPast(logits=self.lm_head(hidden), past_key_values=past_key_values)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        return CausalLMOutputWithPast(logits=self.to_full_vocab(self.lm_head(hidden)), past_key_values=past_key_values)
 
     def _check_inputs(self, input_ids, attention_mask, num_tokens):
         if input_ids.shape[0] != 1:

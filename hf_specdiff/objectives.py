@@ -7,9 +7,17 @@ import torch
 import torch.nn.functional as F
 
 
+IMPOSSIBLE = -1e4  # log q of a target the drafter cannot emit (index -1: outside a reduced draft vocabulary)
+
+
 def target_log_probs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log q_j(x_j): the drafter's log-probability of each target token, [..., block_size]."""
-    return torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    """log q_j(x_j): the drafter's log-probability of each target token, [..., block_size].
+
+    Targets of -1 (tokens outside the draft vocabulary) get `IMPOSSIBLE`, with no gradient.
+    """
+    valid = targets >= 0
+    log_q = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets.clamp_min(0).unsqueeze(-1)).squeeze(-1)
+    return log_q.masked_fill(~valid, IMPOSSIBLE)
 
 
 def expected_streak(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -29,14 +37,14 @@ def ce_streak_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """
     log_q = target_log_probs(logits, targets)
     survive = torch.cat([torch.zeros_like(log_q[..., :1]), log_q[..., :-1].cumsum(-1)], dim=-1).exp().detach()
-    return -(survive * log_q).sum(-1).mean()
+    return -(survive * log_q * (targets >= 0)).sum(-1).mean()
 
 
 def mdlm_loss(logits: torch.Tensor, targets: torch.Tensor, masked: torch.Tensor, mask_ratio: torch.Tensor) -> torch.Tensor:
     """Masked-diffusion ELBO: cross-entropy on masked tokens weighted by 1/t (t = the block's mask ratio),
     divided by the number of tokens."""
     nll = -target_log_probs(logits, targets)
-    weight = masked.float() / mask_ratio
+    weight = (masked & (targets >= 0)).float() / mask_ratio
     return (nll * weight).sum() / targets.numel()
 
 

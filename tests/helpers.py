@@ -60,7 +60,7 @@ def train_briefly(drafter, sequences: torch.Tensor, steps: int = 150, lr: float 
     for _ in range(steps):
         batch = make_block_diffusion_batch(sequences, drafter.config.block_size, drafter.config.mask_token_index,
                                            noise, generator)
-        loss = ce_streak_loss(block_logits(drafter, batch), batch.targets)
+        loss = ce_streak_loss(block_logits(drafter, batch), drafter.to_draft_vocab(batch.targets))
         opt.zero_grad()
         loss.backward()
         opt.step()

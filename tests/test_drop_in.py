@@ -79,6 +79,26 @@ def test_trained_drafter_is_accepted(trained):
     assert tau > 1.5, f"tau {tau:.2f}"
 
 
+def test_reduced_draft_vocabulary_stays_exact(trained):
+    verifier, _ = trained("llama")
+    sequences = greedy_sequences(verifier, PROMPTS, 48)
+    frequent = torch.bincount(sequences.flatten(), minlength=96).topk(24).indices.tolist()
+    drafter = train_briefly(tiny_drafter(verifier, block_size=8, draft_token_ids=frequent), sequences, steps=100)
+    counter = ForwardCounter(verifier)
+    for prompt in PROMPTS[:4].split(1):
+        plain = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None)
+        counter.count = 0
+        assisted = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None,
+                                     assistant_model=drafter)
+        assert assisted.tolist() == plain.tolist()
+        assert counter.count < 40
+    counter.remove()
+    logits = drafter(PROMPTS[:1]).logits
+    outside = torch.ones(96, dtype=torch.bool)
+    outside[frequent] = False
+    assert torch.isinf(logits[..., outside]).all() and torch.isfinite(logits[..., frequent]).all()
+
+
 def test_long_context_drafts_from_recent_window():
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier, block_size=4, max_position_embeddings=16)

@@ -29,11 +29,12 @@ def setup():
     return verifier, prompt, exact_first_two(verifier, prompt)
 
 
-@pytest.mark.parametrize("steps", [1, 2])
-def test_assisted_sampling_matches_target(setup, steps):
+@pytest.mark.parametrize("steps,draft_vocab", [(1, None), (2, None), (1, [1, 4, 6, 0])])
+def test_assisted_sampling_matches_target(setup, steps, draft_vocab):
     verifier, prompt, exact = setup
     # Close to the target but not equal: drafts are accepted about half the time, so both paths run.
-    drafter = tiny_drafter(verifier, block_size=4, num_denoising_steps=steps)
+    # With a reduced draft vocabulary, q is zero outside it: tokens outside come from the residual.
+    drafter = tiny_drafter(verifier, block_size=4, num_denoising_steps=steps, draft_token_ids=draft_vocab)
     train_briefly(drafter, sampled_sequences(verifier, prompt, 64, 12), steps=40, noise="suffix")
     torch.manual_seed(1)
     assert chi_square_pvalue(sample_pairs(verifier, drafter, prompt), exact) > 1e-3
