@@ -89,9 +89,9 @@ def block_logits(drafter, batch: BlockDiffusionBatch) -> torch.Tensor:
     """The drafter's head logits [batch, num_blocks, block_size, head_size] on the noised blocks (one forward).
 
     With a reduced draft vocabulary these are over the draft vocabulary: map targets with `drafter.to_draft_vocab`.
+    `drafter` may be wrapped (DDP): it is only called.
     """
-    hidden = drafter.model(batch.input_ids, batch.position_ids, batch.attention_mask)
     length = batch.input_ids.shape[1] // 2
-    noisy = hidden[:, length:][:, batch.block_slice]
-    logits = drafter.lm_head(noisy)
-    return logits.view(*batch.targets.shape, -1)
+    logits = drafter(input_ids=batch.input_ids, position_ids=batch.position_ids, attention_mask=batch.attention_mask,
+                     logits_to_keep=length, head_logits=True).logits
+    return logits[:, batch.block_slice].reshape(*batch.targets.shape, -1)

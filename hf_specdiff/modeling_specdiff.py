@@ -228,6 +228,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         past_key_values: SpecDiffCache | None = None,
         num_prefix_tokens: int = 0,
         logits_to_keep: int = 0,
+        head_logits: bool = False,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Logits [batch, seq, vocab_size] over the verifier's vocabulary for every input position.
@@ -238,11 +239,14 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             past_key_values: the prefix cache. The keys and values of the first `num_prefix_tokens` inputs are
                 appended to it; the rest (the draft block) are attended to but not cached.
             logits_to_keep: if > 0, compute logits for the last `logits_to_keep` positions only.
+            head_logits: return the head's logits as they are (over the draft vocabulary when it is reduced).
         """
         hidden = self.model(input_ids, position_ids, attention_mask, past_key_values, num_prefix_tokens)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        return CausalLMOutputWithPast(logits=self.to_full_vocab(self.lm_head(hidden)), past_key_values=past_key_values)
+        logits = self.lm_head(hidden)
+        return CausalLMOutputWithPast(logits=logits if head_logits else self.to_full_vocab(logits),
+                                      past_key_values=past_key_values)
 
     def _check_inputs(self, input_ids, attention_mask, num_tokens):
         if input_ids.shape[0] != 1:

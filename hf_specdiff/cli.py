@@ -1,0 +1,139 @@
+"""The `hf-specdiff` command."""
+
+import argparse
+import sys
+
+import torch
+
+
+def _add_train_arguments(parser: argparse.ArgumentParser):
+    from .training import config_fields
+
+    for name, kind, default, help_text in config_fields():
+        flag = "--" + name.replace("_", "-")
+        if default is None:
+            parser.add_argument(flag, required=True, help=help_text)
+        else:
+            parser.add_argument(flag, type=type(default), default=default,
+                                help=f"{help_text} (default: {default})".strip())
+
+
+def _train_config(args):
+    from .training import TrainConfig, config_fields
+
+    return TrainConfig(**{name: getattr(args, name) for name, *_ in config_fields()})
+
+
+def cmd_setup(args):
+    from .verifiers import prepare_verifier
+
+    print(prepare_verifier(args.verifier))
+
+
+def cmd_distill_data(args):
+    from .data import DistillDataConfig, make_distill_data, read_prompts
+    from .verifiers import load_verifier
+
+    prompts = read_prompts(args.prompts)
+    if args.limit:
+        prompts = prompts[: args.limit]
+    verifier, tokenizer = load_verifier(args.verifier, dtype=_dtype(args.dtype), device=args.device)
+    config = DistillDataConfig(samples_per_prompt=args.samples_per_prompt, temperature=args.temperature,
+                               top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
+    make_distill_data(verifier, tokenizer, prompts, args.out, config, batch_size=args.batch_size,
+                      verifier_name=args.verifier)
+    print(f"data in {args.out}")
+
+
+def cmd_train(args):
+    from .training import train
+
+    print(f"drafter in {train(_train_config(args))}")
+
+
+def cmd_eval_drafter(args):
+    from .data import read_prompts
+    from .evaluate import evaluate_drafter, format_report, save_report
+    from .modeling_specdiff import SpecDiffDrafter
+    from .verifiers import load_verifier
+
+    verifier, tokenizer = load_verifier(args.verifier, dtype=_dtype(args.dtype), device=args.device)
+    drafter = SpecDiffDrafter.from_pretrained(args.drafter, dtype=verifier.dtype).to(verifier.device).eval()
+    prompts = read_prompts(args.prompts)[: args.limit or None]
+    report = evaluate_drafter(verifier, tokenizer, drafter, prompts, num_drafts=args.num_drafts,
+                              draft_length=args.draft_length, num_denoising_steps=args.steps,
+                              max_new_tokens=args.max_new_tokens)
+    print(format_report(report))
+    if args.out:
+        save_report(report, args.out)
+
+
+def cmd_export_custom_generate(args):
+    from .hub import export_custom_generate
+
+    print(export_custom_generate(args.out))
+
+
+def _dtype(name: str):
+    return {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[name]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-specdiff", description="Speculative decoding with diffusion drafters")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("setup", help="convert a registry-shipped verifier to a cached safetensors folder")
+    p.add_argument("--verifier", default="smollm2-135m-instruct")
+    p.set_defaults(func=cmd_setup)
+
+    p = sub.add_parser("distill-data", help="sample verifier trajectories on training prompts (resumable)")
+    p.add_argument("--verifier", required=True, help="verifier folder or known name")
+    p.add_argument("--prompts", required=True, help="jsonl prompt file")
+    p.add_argument("--out", required=True)
+    p.add_argument("--samples-per-prompt", type=int, default=4)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    p.add_argument("--device", default=None)
+    p.set_defaults(func=cmd_distill_data)
+
+    p = sub.add_parser("train", help="train a drafter (also: accelerate launch -m hf_specdiff.train)")
+    _add_train_arguments(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval-drafter", help="tau and acceptance by position on held-out prompts")
+    p.add_argument("--verifier", required=True)
+    p.add_argument("--drafter", required=True)
+    p.add_argument("--prompts", required=True)
+    p.add_argument("--limit", type=int, default=0)
+    p.add_argument("--num-drafts", type=int, default=1)
+    p.add_argument("--draft-length", type=int, default=None)
+    p.add_argument("--steps", type=int, default=None, help="denoising steps T (default: the drafter's)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="fp32", choices=["bf16", "fp32", "fp16"])
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default=None, help="folder for eval.json, eval.md and the PNG plot")
+    p.set_defaults(func=cmd_eval_drafter)
+
+    p = sub.add_parser("export-custom-generate", help="write the Hub custom_generate folder")
+    p.add_argument("out")
+    p.set_defaults(func=cmd_export_custom_generate)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except (ValueError, FileNotFoundError) as error:
+        print(f"hf-specdiff {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

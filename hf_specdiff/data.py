@@ -1,0 +1,185 @@
+"""Distillation data: verifier-sampled trajectories on training prompts, stored as token ids.
+
+`make_distill_data` samples `samples_per_prompt` responses per prompt from the verifier (its chat template applied)
+and appends them to jsonl shards in `out/`, one batch at a time (written, flushed and fsynced together). A run
+that is killed and started again with the same arguments skips what is on disk and produces the same rows as an
+uninterrupted run: batches are fixed by the prompt order and each is sampled with its own seed.
+"""
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+FORMAT_VERSION = 1
+SHARD_ROWS = 10000
+
+
+@dataclass
+class DistillDataConfig:
+    """Settings of one distillation data set (stored in `meta.json`; a resumed run must use the same)."""
+
+    samples_per_prompt: int = 4
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 1024
+    seed: int = 0
+    chat_template: bool = True
+
+
+def verifier_identity(model, name_or_path: str | None = None) -> dict:
+    """What identifies the verifier that made a data set: vocabulary size and a fingerprint of its weights."""
+    config = model.config.get_text_config()
+    embedding = model.get_input_embeddings().weight
+    digest = hashlib.sha256()
+    digest.update(json.dumps([config.model_type, config.vocab_size, config.hidden_size,
+                              getattr(config, "num_hidden_layers", None)]).encode())
+    digest.update(embedding[:64].detach().float().cpu().numpy().tobytes())
+    return {"name_or_path": name_or_path or getattr(config, "_name_or_path", None) or None,
+            "vocab_size": config.vocab_size, "fingerprint": digest.hexdigest()[:16]}
+
+
+def _prompt_text(row: dict, line_no: int, path) -> str | list:
+    for key in ("messages", "prompt", "instruction", "question", "text"):
+        if key in row:
+            value = row[key]
+            if key == "instruction" and row.get("input"):
+                value = f"{value}\n\n{row['input']}"
+            break
+    else:
+        if isinstance(row.get("turns"), list) and row["turns"]:
+            value = row["turns"][0]
+        else:
+            raise ValueError(f"{path}:{line_no}: no prompt field (expected one of messages, prompt, instruction, "
+                             "question, text, turns)")
+    if not value or not isinstance(value, (str, list)):
+        raise ValueError(f"{path}:{line_no}: empty or malformed prompt")
+    return value
+
+
+def read_prompts(path) -> list[str | list]:
+    """Prompts from a jsonl file: each row's `messages` (chat), `prompt`, `instruction` (+ `input`), `question`,
+    `text`, or first of `turns`."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"prompt file {path} does not exist")
+    prompts = []
+    with path.open() as f:
+        for line_no, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({error.msg})") from None
+            if not isinstance(row, dict):
+                raise ValueError(f"{path}:{line_no}: each line must be a JSON object")
+            prompts.append(_prompt_text(row, line_no, path))
+    if not prompts:
+        raise ValueError(f"{path} holds no prompts")
+    return prompts
+
+
+def encode_prompt(tokenizer, prompt, chat_template: bool, max_tokens: int) -> list[int]:
+    """Token ids of a prompt, through the chat template when there is one."""
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        ids = ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids
+    else:
+        text = prompt if isinstance(prompt, str) else "\n".join(m["content"] for m in prompt)
+        ids = tokenizer(text)["input_ids"]
+    return list(ids)[-max_tokens:]
+
+
+def _read_rows(out: Path) -> list[dict]:
+    """Rows on disk; a last line cut short by a crash is dropped from its shard."""
+    rows = []
+    for shard in sorted(out.glob("data-*.jsonl")):
+        data = shard.read_bytes()
+        keep = data[: data.rfind(b"\n") + 1]
+        if len(keep) != len(data):
+            shard.write_bytes(keep)
+        rows += [json.loads(line) for line in keep.splitlines() if line.strip()]
+    return rows
+
+
+def load_distill_data(path) -> tuple[dict, list[dict]]:
+    """(meta, rows) of a distillation data folder; each row has `prompt_ids` and `response_ids`."""
+    path = Path(path)
+    if not (path / "meta.json").exists():
+        raise FileNotFoundError(f"{path} is not a distillation data folder (no meta.json): make one with "
+                                "`hf-specdiff distill-data`")
+    rows = _read_rows(path)
+    if not rows:
+        raise ValueError(f"{path} holds no rows")
+    return json.loads((path / "meta.json").read_text()), rows
+
+
+@torch.no_grad()
+def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDataConfig | None = None,
+                      batch_size: int = 16, verifier_name: str | None = None, progress: bool = True) -> Path:
+    """Sample responses from `verifier` for `prompts` into `out/` (resumable; see the module docstring)."""
+    config = config or DistillDataConfig()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"format_version": FORMAT_VERSION, "verifier": verifier_identity(verifier, verifier_name),
+            "num_prompts": len(prompts), "settings": asdict(config)}
+    meta_path = out / "meta.json"
+    if meta_path.exists():
+        old = json.loads(meta_path.read_text())
+        if {k: old.get(k) for k in meta} != meta:
+            raise ValueError(f"{out} holds data made with other settings or another verifier "
+                             f"({old.get('verifier')}, {old.get('settings')}): use a new --out folder")
+    else:
+        meta_path.write_text(json.dumps(meta, indent=2))
+
+    done = {(r["prompt_index"], r["sample_index"]) for r in _read_rows(out)}
+    encoded = [encode_prompt(tokenizer, p, config.chat_template, config.max_prompt_tokens) for p in prompts]
+    work = sorted(((i, s) for i in range(len(prompts)) for s in range(config.samples_per_prompt)),
+                  key=lambda item: (len(encoded[item[0]]), item))  # similar lengths batch together
+    batches = [work[i : i + batch_size] for i in range(0, len(work), batch_size)]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_ids = verifier.generation_config.eos_token_id
+    eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids] if eos_ids is not None else [])
+    device = verifier.device
+    written = len(done)
+    shard = out / f"data-{written // SHARD_ROWS:05d}.jsonl"
+
+    bar = tqdm(total=len(work), initial=len(done), desc="distill-data", unit="sample", disable=not progress)
+    for batch_index, batch in enumerate(batches):
+        if all(item in done for item in batch):
+            continue
+        longest = max(len(encoded[i]) for i, _ in batch)
+        ids = torch.tensor([[pad_id] * (longest - len(encoded[i])) + encoded[i] for i, _ in batch], device=device)
+        mask = torch.tensor([[0] * (longest - len(encoded[i])) + [1] * len(encoded[i]) for i, _ in batch],
+                            device=device)
+        torch.manual_seed(config.seed * 1_000_003 + batch_index)
+        generated = verifier.generate(input_ids=ids, attention_mask=mask, do_sample=True,
+                                      temperature=config.temperature, top_p=config.top_p, top_k=None,
+                                      max_new_tokens=config.max_new_tokens, pad_token_id=pad_id)
+        lines = []
+        for (prompt_index, sample_index), row in zip(batch, generated[:, longest:].tolist()):
+            if (prompt_index, sample_index) in done:  # kept from a batch a crash cut short
+                continue
+            response = []
+            for token in row:
+                response.append(token)
+                if token in eos_ids:
+                    break
+            lines.append(json.dumps({"prompt_index": prompt_index, "sample_index": sample_index,
+                                     "prompt_ids": encoded[prompt_index], "response_ids": response}))
+        with shard.open("a") as f:
+            f.write("\n".join(lines) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        written += len(lines)
+        shard = out / f"data-{written // SHARD_ROWS:05d}.jsonl"
+        bar.update(len(lines))
+    bar.close()
+    return out

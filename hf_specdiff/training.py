@@ -1,0 +1,384 @@
+"""Training a SpecDiff drafter for a verifier: initialisation, the training step, checkpoints and held-out metrics.
+
+    hf-specdiff train --verifier PATH --data DATA/ --objective streak --out DRAFTER/
+    accelerate launch -m hf_specdiff.train ...                       # same, on several GPUs or nodes
+
+Every block of a sequence is trained in one forward (see `block_diffusion`). A step's batch and noise come from
+generators seeded by (seed, step, process), so a resumed run sees exactly the data an uninterrupted run would:
+with the model, optimizer and scheduler restored from the last checkpoint, it ends with the same weights.
+"""
+
+import json
+import math
+from contextlib import nullcontext
+import os
+import platform
+import shutil
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .block_diffusion import NOISE_MODES, block_logits, make_block_diffusion_batch
+from .compat import drafter_config_for
+from .data import load_distill_data, verifier_identity
+from .modeling_specdiff import SpecDiffDrafter
+from .objectives import OBJECTIVES, ce_streak_loss, kl_to_verifier, mdlm_loss, streak_loss, target_log_probs
+
+
+@dataclass
+class TrainConfig:
+    """Everything a training run depends on (saved with its checkpoints and the final drafter)."""
+
+    verifier: str = field(metadata={"help": "verifier folder, or a known name (smollm2-135m-instruct)"})
+    data: str = field(metadata={"help": "distillation data folder made by `hf-specdiff distill-data`"})
+    out: str = field(metadata={"help": "output folder: the drafter, checkpoint/ and log.jsonl"})
+    objective: str = field(default="ce-streak", metadata={"help": f"one of {OBJECTIVES}; plain streak vanishes from "
+                                                                  "scratch (its gradient scales with prod q): use it "
+                                                                  "to fine-tune a trained drafter"})
+    mdlm_weight: float = field(default=0.0, metadata={"help": "weight of an added mdlm term (random masking)"})
+    kl_weight: float = field(default=0.0, metadata={"help": "weight of KL(verifier || drafter) on masked positions"})
+    init: str = field(default="from-verifier", metadata={"help": "random, or from-verifier (embeddings and head)"})
+    init_layers: int = field(default=0, metadata={"help": "copy this many first verifier layers (equal sizes only)"})
+    hidden_size: int = 256
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    intermediate_size: int = 768
+    draft_vocab_size: int = field(default=0, metadata={"help": "reduced draft vocabulary (most frequent tokens of "
+                                                               "the data); 0 = the whole vocabulary"})
+    block_size: int = 16
+    num_denoising_steps: int = 1
+    noise: str = field(default="full", metadata={"help": f"block noising: {NOISE_MODES} (full for T=1)"})
+    seq_len: int = field(default=256, metadata={"help": "tokens per training window"})
+    batch_size: int = 8
+    grad_accum: int = 1
+    lr: float = 1e-3
+    warmup_steps: int = 50
+    max_steps: int = 1000
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    precision: str = field(default="fp32", metadata={"help": "fp32 or bf16 (mixed precision)"})
+    save_every: int = 200
+    eval_every: int = 100
+    log_every: int = 10
+    eval_fraction: float = field(default=0.05, metadata={"help": "share of prompts held out for evaluation"})
+    seed: int = 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Initialisation
+
+
+def frequent_tokens(rows: list[dict], size: int, always: list[int]) -> list[int]:
+    """The `size` most frequent response tokens of `rows`, plus `always` (e.g. EOS), sorted."""
+    counts = torch.zeros(max(max(r["response_ids"] + r["prompt_ids"] + always) for r in rows) + 1)
+    for row in rows:
+        counts += torch.bincount(torch.tensor(row["response_ids"] + row["prompt_ids"], dtype=torch.long),
+                                 minlength=counts.shape[0])
+    counts[always] = float("inf")
+    return sorted(counts.topk(min(size, int((counts > 0).sum()))).indices.tolist())
+
+
+@torch.no_grad()
+def init_from_verifier(drafter: SpecDiffDrafter, verifier, num_layers: int = 0):
+    """Drafter embeddings and head from the verifier's (projected onto the top principal directions of its
+    embedding when the drafter is narrower), and optionally its first layers."""
+    embed = verifier.get_input_embeddings().weight.float()
+    head = verifier.get_output_embeddings().weight.float()
+    hidden = drafter.config.hidden_size
+    if hidden == embed.shape[1]:
+        projection = torch.eye(hidden)
+    elif hidden < embed.shape[1]:
+        projection = torch.linalg.svd(embed - embed.mean(0), full_matrices=False).Vh[:hidden].T
+    else:
+        raise ValueError(f"hidden_size {hidden} is wider than the verifier's {embed.shape[1]}: use init=random")
+    drafter_embed = embed @ projection
+    vocab = drafter.config.vocab_size
+    drafter.model.embed_tokens.weight[:vocab] = drafter_embed
+    drafter.model.embed_tokens.weight[vocab:] = drafter_embed.mean(0)
+    ids = drafter.draft_vocab_ids(head.device)
+    drafter.lm_head.weight.copy_((head if ids is None else head[ids]) @ projection)
+    if num_layers:
+        theirs = verifier.state_dict()
+        ours = drafter.state_dict()
+        copied = 0
+        for name, tensor in ours.items():
+            if name.startswith("model.layers.") and int(name.split(".")[2]) < num_layers:
+                if name not in theirs or theirs[name].shape != tensor.shape:
+                    raise ValueError(f"cannot copy verifier layer weight {name}: the drafter's shapes differ "
+                                     "(init_layers needs the verifier's sizes)")
+                tensor.copy_(theirs[name])
+                copied += 1
+        if not copied:
+            raise ValueError("init_layers found no layer weights to copy")
+
+
+def build_drafter(config: TrainConfig, verifier, rows: list[dict]) -> SpecDiffDrafter:
+    """A fresh drafter for `verifier` as `config` describes."""
+    eos = verifier.generation_config.eos_token_id
+    eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
+    draft_ids = frequent_tokens(rows, config.draft_vocab_size, eos) if config.draft_vocab_size else None
+    drafter_config = drafter_config_for(
+        verifier, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
+        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
+        intermediate_size=config.intermediate_size, block_size=config.block_size,
+        num_denoising_steps=config.num_denoising_steps, draft_token_ids=draft_ids,
+        max_position_embeddings=max(2048, config.seq_len + config.block_size),
+        verifier_name_or_path=config.verifier,
+    )
+    torch.manual_seed(config.seed)
+    drafter = SpecDiffDrafter(drafter_config)
+    if config.init == "from-verifier":
+        init_from_verifier(drafter, verifier, config.init_layers)
+    elif config.init != "random":
+        raise ValueError(f"init must be random or from-verifier, got {config.init!r}")
+    return drafter
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Data
+
+
+def split_rows(rows: list[dict], eval_fraction: float) -> tuple[list[dict], list[dict]]:
+    """(train, held-out) by prompt: a prompt's samples all land on the same side."""
+    held = {i for i in {r["prompt_index"] for r in rows} if (i * 2654435761) % 1000 < eval_fraction * 1000}
+    return [r for r in rows if r["prompt_index"] not in held], [r for r in rows if r["prompt_index"] in held]
+
+
+def sample_windows(rows: list[dict], batch_size: int, seq_len: int, pad_id: int,
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of `seq_len`-token windows (ids [B, seq_len], valid [B, seq_len]) over prompt + response.
+
+    Windows end inside the response (where drafting happens); shorter sequences are right-padded (invalid).
+    """
+    ids = torch.full((batch_size, seq_len), pad_id, dtype=torch.long)
+    valid = torch.zeros(batch_size, seq_len, dtype=torch.bool)
+    picks = torch.randint(len(rows), (batch_size,), generator=generator).tolist()
+    for b, index in enumerate(picks):
+        row = rows[index]
+        sequence = row["prompt_ids"] + row["response_ids"]
+        if len(sequence) > seq_len:
+            first_end = max(seq_len, len(row["prompt_ids"]) + 1)
+            end = int(torch.randint(first_end, len(sequence) + 1, (1,), generator=generator))
+            sequence = sequence[end - seq_len : end]
+        ids[b, : len(sequence)] = torch.tensor(sequence)
+        valid[b, : len(sequence)] = True
+    return ids, valid
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Loss and metrics
+
+
+def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, config: TrainConfig,
+                  generator: torch.Generator, verifier=None) -> torch.Tensor:
+    """The configured objective on one batch of windows. `model` is what to call (the drafter, or its DDP
+    wrapper); `drafter` the unwrapped drafter."""
+    mask_index = drafter.config.mask_token_index
+    batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator)
+    logits = block_logits(model, batch)
+    targets = drafter.to_draft_vocab(batch.targets)
+    targets = targets.masked_fill(~valid[:, batch.block_slice].reshape(targets.shape), -1)
+    if config.objective == "streak":
+        loss = streak_loss(logits, targets)
+    elif config.objective == "ce-streak":
+        loss = ce_streak_loss(logits, targets)
+    elif config.objective == "mdlm":
+        loss = _mdlm(model, drafter, clean, valid, config, generator)
+    else:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {config.objective!r}")
+    if config.mdlm_weight and config.objective != "mdlm":
+        loss = loss + config.mdlm_weight * _mdlm(model, drafter, clean, valid, config, generator)
+    if config.kl_weight:
+        with torch.no_grad():
+            verifier_logits = verifier(clean, attention_mask=valid.long()).logits
+        # the verifier's logit at position t-1 predicts token t
+        shifted = torch.cat([verifier_logits[:, :1], verifier_logits[:, :-1]], dim=1)[:, batch.block_slice]
+        shifted = shifted.reshape(*targets.shape, -1)
+        ids = drafter.draft_vocab_ids(shifted.device)
+        shifted = shifted if ids is None else shifted[..., ids]
+        loss = loss + config.kl_weight * kl_to_verifier(logits, shifted, batch.masked & (targets >= 0))
+    return loss
+
+
+def _mdlm(model, drafter, clean, valid, config, generator):
+    batch = make_block_diffusion_batch(clean, config.block_size, drafter.config.mask_token_index, "random", generator)
+    targets = drafter.to_draft_vocab(batch.targets)
+    targets = targets.masked_fill(~valid[:, batch.block_slice].reshape(targets.shape), -1)
+    return mdlm_loss(block_logits(model, batch), targets, batch.masked, batch.mask_ratio)
+
+
+@torch.no_grad()
+def held_out_metrics(drafter, windows: tuple[torch.Tensor, torch.Tensor], block_size: int) -> dict:
+    """One-step (T=1) drafting quality on held-out windows: greedy acceptance by position, the greedy accepted
+    streak (tau - 1 under greedy verification) and the expected streak under speculative sampling."""
+    clean, valid = windows
+    batch = make_block_diffusion_batch(clean, block_size, drafter.config.mask_token_index, "full",
+                                       torch.Generator().manual_seed(0))
+    logits = block_logits(drafter, batch).float()
+    targets = drafter.to_draft_vocab(batch.targets)
+    block_valid = valid[:, batch.block_slice].reshape(targets.shape).all(-1)
+    logits, targets = logits[block_valid], targets[block_valid]
+    if not len(targets):
+        return {}
+    hits = (logits.argmax(-1) == targets).long().cumprod(-1).float()
+    expected = target_log_probs(logits, targets).cumsum(-1).exp()
+    return {"acceptance_by_position": [round(x, 4) for x in hits.mean(0).tolist()],
+            "greedy_streak": hits.sum(-1).mean().item(), "expected_streak": expected.sum(-1).mean().item()}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def save_checkpoint(out: Path, drafter, optimizer, scheduler, step: int, config: TrainConfig):
+    """Write out/checkpoint atomically (a staging folder renamed into place)."""
+    staging, final, old = out / "checkpoint.tmp", out / "checkpoint", out / "checkpoint.old"
+    shutil.rmtree(staging, ignore_errors=True)
+    drafter.save_pretrained(staging)
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, staging / "trainer.pt")
+    (staging / "state.json").write_text(json.dumps({"step": step, "config": asdict(config)}))
+    if final.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        final.rename(old)
+    staging.rename(final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def latest_checkpoint(out: Path) -> Path | None:
+    for name in ("checkpoint", "checkpoint.old"):  # .old survives a crash between the two renames
+        if (out / name / "state.json").exists():
+            return out / name
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The run
+
+
+def train(config: TrainConfig, progress: bool = True) -> Path:
+    """Train a drafter as `config` says; resumes from `config.out/checkpoint` if one is there. Returns `out`."""
+    from accelerate import Accelerator
+    from transformers import get_cosine_schedule_with_warmup
+
+    from .verifiers import load_verifier
+
+    _validate(config)
+    out = Path(config.out)
+    accelerator = Accelerator(mixed_precision="bf16" if config.precision == "bf16" else "no")
+    meta, rows = load_distill_data(config.data)
+    verifier, _ = load_verifier(config.verifier, dtype=torch.float32)
+    identity = verifier_identity(verifier)
+    if meta["verifier"]["fingerprint"] != identity["fingerprint"]:
+        raise ValueError(f"{config.data} was made by another verifier ({meta['verifier']}) than {config.verifier} "
+                         f"({identity}): make data with this verifier, or train for that one")
+    train_rows, eval_rows = split_rows(rows, config.eval_fraction)
+    if not train_rows:
+        raise ValueError("no training rows left after the held-out split: lower eval_fraction or add prompts")
+
+    checkpoint = latest_checkpoint(out)
+    if checkpoint is not None:
+        saved = json.loads((checkpoint / "state.json").read_text())
+        if saved["config"] != asdict(config):
+            changed = {k for k in saved["config"] if saved["config"][k] != asdict(config).get(k)}
+            raise ValueError(f"{out} holds a checkpoint of a run with other settings ({sorted(changed)}): "
+                             "use another --out, or the same settings to resume")
+        drafter = SpecDiffDrafter.from_pretrained(checkpoint, dtype=torch.float32)
+        start = saved["step"]
+    else:
+        drafter = build_drafter(config, verifier, train_rows)
+        start = 0
+    if not config.kl_weight:
+        del verifier
+        verifier = None
+    drafter.train()
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.max_steps)
+    if checkpoint is not None:
+        state = torch.load(checkpoint / "trainer.pt", weights_only=False)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+    model, optimizer, scheduler = accelerator.prepare(drafter, optimizer, scheduler)
+    drafter = accelerator.unwrap_model(model)
+    pad_id = drafter.config.pad_token_id if drafter.config.pad_token_id is not None else 0
+    eval_windows = sample_windows(eval_rows, min(64, 4 * len(eval_rows)), config.seq_len, pad_id,
+                                  torch.Generator().manual_seed(config.seed)) if eval_rows else None
+
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "log.jsonl").open("a") if accelerator.is_main_process else None
+    began = time.time()
+    bar = tqdm(total=config.max_steps, initial=start, desc="train", disable=not (progress and accelerator.is_main_process))
+    for step in range(start, config.max_steps):
+        generator = torch.Generator().manual_seed((config.seed * 1_000_003 + step) * 1009 + accelerator.process_index)
+        total = 0.0
+        for micro in range(config.grad_accum):
+            clean, valid = sample_windows(train_rows, config.batch_size, config.seq_len, pad_id, generator)
+            clean, valid = clean.to(accelerator.device), valid.to(accelerator.device)
+            sync = micro == config.grad_accum - 1  # all-reduce gradients on the last micro-batch only
+            with accelerator.autocast(), (nullcontext() if sync else accelerator.no_sync(model)):
+                loss = training_loss(model, drafter, clean, valid, config, generator, verifier) / config.grad_accum
+                accelerator.backward(loss)
+            total += loss.item()
+        if not math.isfinite(total):
+            raise FloatingPointError(f"loss is {total} at step {step}: lower lr, or check the data")
+        accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad()
+        done = step + 1
+        record = {"step": done, "loss": round(total, 5), "lr": scheduler.get_last_lr()[0]}
+        if eval_windows is not None and (done % config.eval_every == 0 or done == config.max_steps):
+            model.eval()
+            record.update(held_out_metrics(drafter, eval_windows, config.block_size))
+            model.train()
+        if log is not None and (done % config.log_every == 0 or "greedy_streak" in record):
+            log.write(json.dumps(record) + "\n")
+            log.flush()
+        bar.set_postfix(loss=f"{total:.3f}", **({"streak": f"{record['greedy_streak']:.2f}"}
+                                                if "greedy_streak" in record else {}))
+        bar.update(1)
+        if accelerator.is_main_process and (done % config.save_every == 0 and done < config.max_steps):
+            save_checkpoint(out, drafter, optimizer, scheduler, done, config)
+        accelerator.wait_for_everyone()
+    bar.close()
+
+    if accelerator.is_main_process:
+        drafter.eval().save_pretrained(out)
+        recipe = {"config": asdict(config), "steps": config.max_steps, "resumed_from_step": start,
+                  "wall_time_s": round(time.time() - began, 1), "machine": _machine(accelerator),
+                  "data": {"rows": len(rows), "train_rows": len(train_rows), "held_out_rows": len(eval_rows),
+                           "verifier": meta["verifier"], "settings": meta["settings"]}}
+        (out / "training_recipe.json").write_text(json.dumps(recipe, indent=2))
+        save_checkpoint(out, drafter, optimizer, scheduler, config.max_steps, config)
+        log.close()
+    return out
+
+
+def _machine(accelerator) -> str:
+    device = accelerator.device
+    if device.type == "cuda":
+        return f"{accelerator.num_processes} x {torch.cuda.get_device_name(device)}"
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+
+
+def _validate(config: TrainConfig):
+    if config.objective not in OBJECTIVES:
+        raise ValueError(f"objective must be one of {OBJECTIVES}, got {config.objective!r}")
+    if config.noise not in NOISE_MODES:
+        raise ValueError(f"noise must be one of {NOISE_MODES}, got {config.noise!r}")
+    if config.precision not in ("fp32", "bf16"):
+        raise ValueError(f"precision must be fp32 or bf16, got {config.precision!r}")
+    if config.block_size + 1 > config.seq_len:
+        raise ValueError(f"block_size {config.block_size} needs seq_len > block_size (got {config.seq_len})")
+    if config.max_steps < 1 or config.batch_size < 1 or config.grad_accum < 1:
+        raise ValueError("max_steps, batch_size and grad_accum must be >= 1")
+
+
+def config_fields():
+    """(name, type, default, help) of every TrainConfig field, for command-line parsers."""
+    for f in fields(TrainConfig):
+        default = None if f.default is f.default_factory else f.default
+        yield f.name, f.type, default, f.metadata.get("help", "")

@@ -1,0 +1,184 @@
+"""Data generation, the trainer (objectives compared, exact resume after a kill) and drafter evaluation."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hf_specdiff.cli import main as cli
+from hf_specdiff.data import DistillDataConfig, load_distill_data, make_distill_data, read_prompts
+from hf_specdiff.evaluate import evaluate_drafter
+from hf_specdiff.modeling_specdiff import SpecDiffDrafter
+from hf_specdiff.training import TrainConfig, train
+from helpers import tiny_tokenizer, tiny_verifier
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def counting_verifier(seed=0):
+    """A tiny verifier that mostly counts up (head = embeddings shifted by one), with some noise: a process that
+    generalises to new prompts, so held-out tau measures learning, not memory."""
+    verifier = tiny_verifier("llama", seed=seed)
+    with torch.no_grad():
+        verifier.lm_head.weight.copy_(torch.roll(verifier.model.embed_tokens.weight, 1, 0) * 6)
+    return verifier
+
+
+def write_prompts(path: Path, count: int, seed: int) -> Path:
+    generator = torch.Generator().manual_seed(seed)
+    with path.open("w") as f:
+        for _ in range(count):
+            words = torch.randint(4, 96, (6,), generator=generator).tolist()
+            f.write(json.dumps({"prompt": " ".join(f"t{w}" for w in words)}) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    root = tmp_path_factory.mktemp("train")
+    verifier, tokenizer = counting_verifier(), tiny_tokenizer()
+    verifier.save_pretrained(root / "verifier")
+    tokenizer.save_pretrained(root / "verifier")
+    write_prompts(root / "train.jsonl", 48, seed=0)
+    write_prompts(root / "eval.jsonl", 8, seed=1)
+    config = DistillDataConfig(samples_per_prompt=2, temperature=0.7, max_new_tokens=48)
+    make_distill_data(verifier, tokenizer, read_prompts(root / "train.jsonl"), root / "data", config, batch_size=16,
+                      progress=False)
+    return root, verifier, tokenizer
+
+
+def base_config(root: Path, out: str, **overrides) -> TrainConfig:
+    config = TrainConfig(verifier=str(root / "verifier"), data=str(root / "data"), out=str(root / out),
+                         hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                         block_size=8, seq_len=48, batch_size=8, lr=3e-3, warmup_steps=10, max_steps=200,
+                         save_every=50, eval_every=100, log_every=10, eval_fraction=0.1)
+    return replace(config, **overrides)
+
+
+def test_distill_data_rows(workspace):
+    root, verifier, tokenizer = workspace
+    meta, rows = load_distill_data(root / "data")
+    assert len(rows) == 96 and meta["settings"]["samples_per_prompt"] == 2
+    assert {(r["prompt_index"], r["sample_index"]) for r in rows} == {(i, s) for i in range(48) for s in range(2)}
+    assert all(0 < len(r["response_ids"]) <= 48 for r in rows)
+
+
+def test_distill_data_resumes_after_a_crash(workspace, tmp_path):
+    root, verifier, tokenizer = workspace
+    prompts = read_prompts(root / "train.jsonl")
+    config = DistillDataConfig(samples_per_prompt=2, temperature=0.7, max_new_tokens=48)
+    make_distill_data(verifier, tokenizer, prompts[:20], tmp_path / "full", config, batch_size=8, progress=False)
+    # A killed run: the first 3 of 5 batches written, the third cut mid-line.
+    crashed = tmp_path / "crashed"
+    make_distill_data(verifier, tokenizer, prompts[:20], crashed, config, batch_size=8, progress=False)
+    shard = crashed / "data-00000.jsonl"
+    lines = shard.read_bytes().splitlines(keepends=True)
+    shard.write_bytes(b"".join(lines[:19]) + lines[19][:25])
+    make_distill_data(verifier, tokenizer, prompts[:20], crashed, config, batch_size=8, progress=False)
+    _, full = load_distill_data(tmp_path / "full")
+    _, resumed = load_distill_data(crashed)
+    key = lambda r: (r["prompt_index"], r["sample_index"])  # noqa: E731
+    assert len(resumed) == len(full) == 40
+    assert sorted(resumed, key=key) == sorted(full, key=key)  # nothing lost, nothing twice, same samples
+
+
+def test_streak_beats_mdlm_on_held_out_prompts(workspace):
+    """Streak distillation (its ce-streak form, which trains from scratch) against the MDLM objective."""
+    root, verifier, tokenizer = workspace
+    eval_prompts = read_prompts(root / "eval.jsonl")
+    taus = {}
+    for objective in ("ce-streak", "mdlm"):
+        out = train(base_config(root, f"drafter-{objective}", objective=objective), progress=False)
+        drafter = SpecDiffDrafter.from_pretrained(out).eval()
+        report = evaluate_drafter(verifier, tokenizer, drafter, eval_prompts, draft_length=8, max_new_tokens=40,
+                                  progress=False)
+        taus[objective] = report["tau"]
+        log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+        assert "acceptance_by_position" in log[-1] and log[-1]["step"] == 200
+        recipe = json.loads((out / "training_recipe.json").read_text())
+        assert recipe["steps"] == 200 and recipe["config"]["objective"] == objective
+    assert taus["ce-streak"] > taus["mdlm"] > 1.2, taus
+
+
+def test_killed_training_resumes_to_the_same_weights(workspace):
+    root, _, _ = workspace
+    whole = train(base_config(root, "whole", max_steps=120, save_every=20), progress=False)
+    config = base_config(root, "killed", max_steps=120, save_every=20)
+    args = [sys.executable, "-m", "hf_specdiff.train"]
+    for key, value in vars(config).items():
+        args += [f"--{key.replace('_', '-')}", str(value)]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = Path(config.out) / "checkpoint" / "state.json"
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if state.exists() and json.loads(state.read_text())["step"] >= 40:
+            break
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    step = json.loads(state.read_text())["step"]
+    assert 40 <= step < 120, "the run was not killed mid-way"
+    assert not (Path(config.out) / "model.safetensors").exists()
+    resumed = train(config, progress=False)
+    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_reduced_vocabulary_and_init_from_verifier(workspace):
+    root, verifier, _ = workspace
+    out = train(base_config(root, "small-vocab", draft_vocab_size=32, max_steps=20, hidden_size=32,
+                            num_attention_heads=2, num_key_value_heads=1), progress=False)
+    drafter = SpecDiffDrafter.from_pretrained(out)
+    assert len(drafter.config.draft_token_ids) == 32 and drafter.lm_head.weight.shape == (32, 32)
+    assert verifier.generation_config.eos_token_id in drafter.config.draft_token_ids
+
+
+def test_training_errors(workspace, tmp_path):
+    root, _, tokenizer = workspace
+    other = tiny_verifier("llama", seed=5)
+    other.save_pretrained(tmp_path / "other")
+    tokenizer.save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match="made by another verifier"):
+        train(base_config(root, "x", verifier=str(tmp_path / "other")), progress=False)
+    with pytest.raises(ValueError, match="needs seq_len > block_size"):
+        train(base_config(root, "x", block_size=48), progress=False)
+    with pytest.raises(ValueError, match="objective must be one of"):
+        train(base_config(root, "x", objective="kl"), progress=False)
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(ValueError, match="holds no prompts"):
+        read_prompts(tmp_path / "empty.jsonl")
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "a"}\n{"prompt": \n')
+    with pytest.raises(ValueError, match="bad.jsonl:2: not valid JSON"):
+        read_prompts(tmp_path / "bad.jsonl")
+    (tmp_path / "nofield.jsonl").write_text('{"answer": "4"}\n')
+    with pytest.raises(ValueError, match="no prompt field"):
+        read_prompts(tmp_path / "nofield.jsonl")
+    with pytest.raises(FileNotFoundError, match="not a distillation data folder"):
+        train(base_config(root, "x", data=str(tmp_path)), progress=False)
+
+
+def test_cli_help_documents_every_setting(capsys):
+    with pytest.raises(SystemExit):
+        cli(["train", "--help"])
+    text = capsys.readouterr().out
+    for name in TrainConfig.__dataclass_fields__:
+        assert "--" + name.replace("_", "-") in text
+
+
+def test_eval_drafter_command(workspace, tmp_path, capsys):
+    root, _, _ = workspace
+    out = train(base_config(root, "for-eval", max_steps=20), progress=False)
+    assert cli(["eval-drafter", "--verifier", str(root / "verifier"), "--drafter", str(out), "--prompts",
+                str(root / "eval.jsonl"), "--limit", "3", "--max-new-tokens", "16", "--out", str(tmp_path)]) == 0
+    assert "| position | acceptance |" in capsys.readouterr().out
+    assert json.loads((tmp_path / "eval.json").read_text())["prompts"] == 3
+    assert (tmp_path / "acceptance_by_position.png").stat().st_size > 1000
