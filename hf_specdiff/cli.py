@@ -75,6 +75,33 @@ def cmd_demo(args):
              max_new_tokens=args.max_new_tokens, dtype=_dtype(args.dtype), threads=args.threads)
 
 
+def cmd_bench(args):
+    from transformers import AutoModelForCausalLM
+
+    from .bench import benchmark, markdown_table, read_spec_bench, save
+    from .verifiers import load_verifier
+
+    torch.set_num_threads(args.threads)
+    verifier, tokenizer = load_verifier(args.verifier, dtype=_dtype(args.dtype), device=args.device)
+
+    def load(path):
+        if not path:
+            return None
+        return AutoModelForCausalLM.from_pretrained(path, dtype=verifier.dtype, trust_remote_code=True) \
+            .to(verifier.device).eval()
+
+    from .demo import SHIPPED_DRAFTER
+
+    drafter = args.drafter or (str(SHIPPED_DRAFTER) if (SHIPPED_DRAFTER / "config.json").exists() else None)
+    summary = benchmark(verifier, tokenizer, read_spec_bench(args.prompts, args.per_category),
+                        drafter=load(drafter), mdlm_drafter=load(args.mdlm_drafter), ar_drafter=load(args.ar_drafter),
+                        num_drafts=tuple(int(k) for k in args.num_drafts.split(",")),
+                        max_new_tokens=args.max_new_tokens)
+    summary["settings"] = {k: v for k, v in vars(args).items() if k != "func"}
+    print(markdown_table(summary))
+    save(summary, args.out)
+
+
 def cmd_export_custom_generate(args):
     from .hub import export_custom_generate
 
@@ -135,6 +162,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.add_argument("--out", default=None, help="folder for eval.json, eval.md and the PNG plot")
     p.set_defaults(func=cmd_eval_drafter)
+
+    p = sub.add_parser("bench", help="Spec-Bench: every method side by side, interleaved per prompt")
+    p.add_argument("--prompts", required=True, help="Spec-Bench question.jsonl (or any jsonl with category + turns)")
+    p.add_argument("--per-category", type=int, default=10)
+    p.add_argument("--verifier", default="smollm2-135m-instruct")
+    p.add_argument("--drafter", default=None, help="the aligned SpecDiff drafter (default: the shipped one)")
+    p.add_argument("--mdlm-drafter", default=None, help="an unaligned (mdlm) SpecDiff drafter")
+    p.add_argument("--ar-drafter", default=None, help="an autoregressive drafter for transformers' assistant path")
+    p.add_argument("--num-drafts", default="1,4", help="comma-separated K values for SpecDiff-2")
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default=None)
+    p.add_argument("--out", default="results")
+    p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("export-custom-generate", help="write the Hub custom_generate folder")
     p.add_argument("out")

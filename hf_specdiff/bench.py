@@ -1,0 +1,173 @@
+"""`hf-specdiff bench`: every method on the same Spec-Bench prompts, interleaved per prompt, in one process.
+
+Methods: plain greedy `generate`, prompt-lookup decoding, an autoregressive drafter (transformers' own
+`assistant_model` path), SpecDiff (an unaligned MDLM drafter, K=1) and SpecDiff-2 (the aligned drafter, K=1 and
+each K asked for). Per category and overall: tokens/s, speed-up over plain, tau (tokens per verifier forward),
+acceptance by draft position (SpecDiff methods), exact match with plain greedy. Writes results.json, results.md
+and PNG plots.
+"""
+
+import json
+import resource
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from .decoding import SpecDiffStats, generate
+
+
+def read_spec_bench(path, per_category: int) -> list[dict]:
+    """The first `per_category` questions of each category (first turn only)."""
+    rows, seen = [], defaultdict(int)
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        category = row.get("category", "all")
+        if seen[category] < per_category:
+            seen[category] += 1
+            rows.append({"category": category, "prompt": row["turns"][0] if "turns" in row else row["prompt"]})
+    if not rows:
+        raise ValueError(f"{path} holds no prompts")
+    return rows
+
+
+class _ForwardCounter:
+    def __init__(self, model):
+        self.count = 0
+        self.handle = model.register_forward_pre_hook(lambda *_: setattr(self, "count", self.count + 1))
+
+
+def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_drafter=None, ar_drafter=None,
+              num_drafts: tuple[int, ...] = (1,), max_new_tokens: int = 256, prompt_lookup_tokens: int = 10,
+              progress: bool = True) -> dict:
+    """Run every available method on every prompt (interleaved) and return per-category and overall results."""
+    methods = {"plain": dict()}
+    methods["prompt lookup"] = dict(prompt_lookup_num_tokens=prompt_lookup_tokens)
+    if ar_drafter is not None:
+        methods["AR drafter"] = dict(assistant_model=ar_drafter)
+    if mdlm_drafter is not None:
+        methods["SpecDiff (mdlm, K=1)"] = dict(specdiff=mdlm_drafter, num_drafts=1)
+    if drafter is not None:
+        for k in num_drafts:
+            methods[f"SpecDiff-2 (K={k})"] = dict(specdiff=drafter, num_drafts=k)
+
+    counter = _ForwardCounter(verifier)
+    records = []
+    for item in tqdm(prompts, desc="bench", disable=not progress):
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": item["prompt"]}],
+                                               add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        inputs = {k: v.to(verifier.device) for k, v in inputs.items()}
+        prompt_len = inputs["input_ids"].shape[1]
+        reference = None
+        for name, options in methods.items():
+            options = dict(options)
+            stats = SpecDiffStats()
+            counter.count = 0
+            start = time.perf_counter()
+            if "specdiff" in options:
+                out = generate(verifier, options.pop("specdiff"), **inputs, max_new_tokens=max_new_tokens,
+                               do_sample=False, stats=stats, **options)
+            else:
+                out = verifier.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, **options)
+            seconds = time.perf_counter() - start
+            tokens = out[0, prompt_len:].tolist()
+            reference = tokens if name == "plain" else reference
+            records.append({"category": item["category"], "method": name, "tokens": len(tokens), "seconds": seconds,
+                            "forwards": counter.count, "exact": tokens == reference,
+                            "drafted": stats.drafted, "accepted": stats.accepted})
+    counter.handle.remove()
+    return summarize(records, list(methods))
+
+
+def summarize(records: list[dict], methods: list[str]) -> dict:
+    """Aggregate per (category, method) and overall; speed-ups are ratios of summed tokens over summed time."""
+    categories = sorted({r["category"] for r in records}) + ["overall"]
+    table = {}
+    for category in categories:
+        rows = [r for r in records if category == "overall" or r["category"] == category]
+        plain_rate = _rate([r for r in rows if r["method"] == "plain"])
+        table[category] = {}
+        for method in methods:
+            mine = [r for r in rows if r["method"] == method]
+            drafted, accepted = _sum_lists([r["drafted"] for r in mine]), _sum_lists([r["accepted"] for r in mine])
+            table[category][method] = {
+                "tok_s": _rate(mine), "speedup": _rate(mine) / plain_rate if plain_rate else None,
+                "tau": sum(r["tokens"] for r in mine) / max(sum(r["forwards"] for r in mine), 1),
+                "exact_match": sum(r["exact"] for r in mine) / len(mine), "prompts": len(mine),
+                "acceptance_by_position": [a / d for a, d in zip(accepted, drafted) if d],
+            }
+    return {"methods": methods, "results": table, "records": records,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+
+
+def _rate(rows):
+    seconds = sum(r["seconds"] for r in rows)
+    return sum(r["tokens"] for r in rows) / seconds if seconds else 0.0
+
+
+def _sum_lists(lists):
+    out = []
+    for values in lists:
+        out += [0] * (len(values) - len(out))
+        for i, v in enumerate(values):
+            out[i] += v
+    return out
+
+
+def markdown_table(summary: dict) -> str:
+    """Speed-up (tau, exact-match rate) per method and category."""
+    methods, results = summary["methods"], summary["results"]
+    lines = ["| category | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
+    for category, row in results.items():
+        cells = [f"{row[m]['speedup']:.2f}x (tau {row[m]['tau']:.2f}, exact {row[m]['exact_match']:.0%})"
+                 for m in methods]
+        lines.append(f"| {category} | " + " | ".join(cells) + " |")
+    overall = results["overall"]
+    lines.append("")
+    lines.append("plain: " + f"{overall['plain']['tok_s']:.1f} tok/s overall; peak RSS {summary['peak_rss_mb']:.0f} MB")
+    return "\n".join(lines)
+
+
+def save(summary: dict, out) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(summary, indent=2))
+    (out / "results.md").write_text(markdown_table(summary) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return out
+    results, methods = summary["results"], [m for m in summary["methods"] if m != "plain"]
+    categories = list(results)
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(categories)), 3.5))
+    width = 0.8 / max(len(methods), 1)
+    for i, method in enumerate(methods):
+        ax.bar([c + i * width for c in range(len(categories))], [results[c][method]["speedup"] for c in categories],
+               width, label=method)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([c + width * (len(methods) - 1) / 2 for c in range(len(categories))], categories, rotation=20)
+    ax.set_ylabel("speed-up over plain")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "speedup_by_category.png", dpi=120)
+    plt.close(fig)
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    for method in methods:
+        rates = results["overall"][method]["acceptance_by_position"]
+        if rates:
+            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
+    ax.set_xlabel("draft position")
+    ax.set_ylabel("acceptance")
+    ax.set_ylim(0, 1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "acceptance_by_position.png", dpi=120)
+    plt.close(fig)
+    return out
