@@ -10,11 +10,11 @@ with the model, optimizer and scheduler restored from the last checkpoint, it en
 
 import json
 import math
-from contextlib import nullcontext
 import os
 import platform
 import shutil
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -35,6 +35,9 @@ class TrainConfig:
     verifier: str = field(metadata={"help": "verifier folder, or a known name (smollm2-135m-instruct)"})
     data: str = field(metadata={"help": "distillation data folder made by `hf-specdiff distill-data`"})
     out: str = field(metadata={"help": "output folder: the drafter, checkpoint/ and log.jsonl"})
+    kind: str = field(default="diffusion", metadata={"help": "diffusion (a SpecDiff drafter), or ar: an "
+                                                             "autoregressive Llama drafter of the same sizes, the "
+                                                             "classic assisted-generation baseline"})
     objective: str = field(default="ce-streak", metadata={"help": f"one of {OBJECTIVES}; plain streak vanishes from "
                                                                   "scratch (its gradient scales with prod q): use it "
                                                                   "to fine-tune a trained drafter"})
@@ -83,7 +86,7 @@ def frequent_tokens(rows: list[dict], size: int, always: list[int]) -> list[int]
 
 
 @torch.no_grad()
-def init_from_verifier(drafter: SpecDiffDrafter, verifier, num_layers: int = 0):
+def init_from_verifier(drafter, verifier, num_layers: int = 0):
     """Drafter embeddings and head from the verifier's (projected onto the top principal directions of its
     embedding when the drafter is narrower), and optionally its first layers."""
     embed = verifier.get_input_embeddings().weight.float()
@@ -96,11 +99,11 @@ def init_from_verifier(drafter: SpecDiffDrafter, verifier, num_layers: int = 0):
     else:
         raise ValueError(f"hidden_size {hidden} is wider than the verifier's {embed.shape[1]}: use init=random")
     drafter_embed = embed @ projection
-    vocab = drafter.config.vocab_size
-    drafter.model.embed_tokens.weight[:vocab] = drafter_embed
-    drafter.model.embed_tokens.weight[vocab:] = drafter_embed.mean(0)
-    ids = drafter.draft_vocab_ids(head.device)
-    drafter.lm_head.weight.copy_((head if ids is None else head[ids]) @ projection)
+    vocab = embed.shape[0]
+    drafter.get_input_embeddings().weight[:vocab] = drafter_embed
+    drafter.get_input_embeddings().weight[vocab:] = drafter_embed.mean(0)  # the mask token, if any
+    ids = drafter.draft_vocab_ids(head.device) if hasattr(drafter, "draft_vocab_ids") else None
+    drafter.get_output_embeddings().weight.copy_((head if ids is None else head[ids]) @ projection)
     if num_layers:
         theirs = verifier.state_dict()
         ours = drafter.state_dict()
@@ -116,8 +119,14 @@ def init_from_verifier(drafter: SpecDiffDrafter, verifier, num_layers: int = 0):
             raise ValueError("init_layers found no layer weights to copy")
 
 
-def build_drafter(config: TrainConfig, verifier, rows: list[dict]) -> SpecDiffDrafter:
+def build_drafter(config: TrainConfig, verifier, rows: list[dict]):
     """A fresh drafter for `verifier` as `config` describes."""
+    torch.manual_seed(config.seed)
+    if config.kind == "ar":
+        drafter = _ar_drafter(config, verifier)
+        if config.init == "from-verifier":
+            init_from_verifier(drafter, verifier, config.init_layers)
+        return drafter
     eos = verifier.generation_config.eos_token_id
     eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
     draft_ids = frequent_tokens(rows, config.draft_vocab_size, eos) if config.draft_vocab_size else None
@@ -129,12 +138,27 @@ def build_drafter(config: TrainConfig, verifier, rows: list[dict]) -> SpecDiffDr
         max_position_embeddings=max(2048, config.seq_len + config.block_size),
         verifier_name_or_path=config.verifier,
     )
-    torch.manual_seed(config.seed)
     drafter = SpecDiffDrafter(drafter_config)
     if config.init == "from-verifier":
         init_from_verifier(drafter, verifier, config.init_layers)
     elif config.init != "random":
         raise ValueError(f"init must be random or from-verifier, got {config.init!r}")
+    return drafter
+
+
+def _ar_drafter(config: TrainConfig, verifier):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    text = verifier.config.get_text_config()
+    ar_config = LlamaConfig(
+        vocab_size=text.vocab_size, hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+        num_hidden_layers=config.num_hidden_layers, num_attention_heads=config.num_attention_heads,
+        num_key_value_heads=config.num_key_value_heads, max_position_embeddings=max(2048, config.seq_len),
+        tie_word_embeddings=False, bos_token_id=text.bos_token_id, eos_token_id=text.eos_token_id,
+        pad_token_id=text.pad_token_id,
+    )
+    drafter = LlamaForCausalLM(ar_config)
+    drafter.generation_config.num_assistant_tokens = config.block_size
     return drafter
 
 
@@ -177,6 +201,10 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
                   generator: torch.Generator, verifier=None) -> torch.Tensor:
     """The configured objective on one batch of windows. `model` is what to call (the drafter, or its DDP
     wrapper); `drafter` the unwrapped drafter."""
+    if config.kind == "ar":  # next-token cross-entropy on valid positions
+        logits = model(input_ids=clean, attention_mask=valid.long()).logits[:, :-1]
+        targets = clean[:, 1:].masked_fill(~valid[:, 1:], -100)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
     mask_index = drafter.config.mask_token_index
     batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator)
     logits = block_logits(model, batch)
@@ -262,7 +290,7 @@ def latest_checkpoint(out: Path) -> Path | None:
 def train(config: TrainConfig, progress: bool = True) -> Path:
     """Train a drafter as `config` says; resumes from `config.out/checkpoint` if one is there. Returns `out`."""
     from accelerate import Accelerator
-    from transformers import get_cosine_schedule_with_warmup
+    from transformers import AutoModelForCausalLM, get_cosine_schedule_with_warmup
 
     from .verifiers import load_verifier
 
@@ -286,7 +314,7 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
             changed = {k for k in saved["config"] if saved["config"][k] != asdict(config).get(k)}
             raise ValueError(f"{out} holds a checkpoint of a run with other settings ({sorted(changed)}): "
                              "use another --out, or the same settings to resume")
-        drafter = SpecDiffDrafter.from_pretrained(checkpoint, dtype=torch.float32)
+        drafter = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
         start = saved["step"]
     else:
         drafter = build_drafter(config, verifier, train_rows)
@@ -330,7 +358,8 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
         optimizer.zero_grad()
         done = step + 1
         record = {"step": done, "loss": round(total, 5), "lr": scheduler.get_last_lr()[0]}
-        if eval_windows is not None and (done % config.eval_every == 0 or done == config.max_steps):
+        if eval_windows is not None and config.kind == "diffusion" and (done % config.eval_every == 0
+                                                                         or done == config.max_steps):
             model.eval()
             record.update(held_out_metrics(drafter, eval_windows, config.block_size))
             model.train()
@@ -365,6 +394,8 @@ def _machine(accelerator) -> str:
 
 
 def _validate(config: TrainConfig):
+    if config.kind not in ("diffusion", "ar"):
+        raise ValueError(f"kind must be diffusion or ar, got {config.kind!r}")
     if config.objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {config.objective!r}")
     if config.noise not in NOISE_MODES:

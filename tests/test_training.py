@@ -182,3 +182,16 @@ def test_eval_drafter_command(workspace, tmp_path, capsys):
     assert "| position | acceptance |" in capsys.readouterr().out
     assert json.loads((tmp_path / "eval.json").read_text())["prompts"] == 3
     assert (tmp_path / "acceptance_by_position.png").stat().st_size > 1000
+
+
+def test_ar_baseline_trains_and_assists(workspace):
+    from transformers import AutoModelForCausalLM
+
+    root, verifier, _ = workspace
+    out = train(base_config(root, "ar", kind="ar", max_steps=60), progress=False)
+    ar = AutoModelForCausalLM.from_pretrained(out).eval()
+    assert type(ar).__name__ == "LlamaForCausalLM" and ar.config.vocab_size == verifier.config.vocab_size
+    prompt = torch.tensor([[5, 9, 14, 33]])
+    plain = verifier.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None)
+    assert verifier.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None,
+                             assistant_model=ar).tolist() == plain.tolist()
