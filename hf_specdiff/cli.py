@@ -102,6 +102,34 @@ def cmd_bench(args):
     save(summary, args.out)
 
 
+def cmd_card(args):
+    import json
+    from pathlib import Path
+
+    from .hub import render_card, validate_model_folder
+
+    bench = json.loads(Path(args.bench).read_text()) if args.bench else None
+    recipe_path = Path(args.recipe or Path(args.folder) / "training_recipe.json")
+    recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else None
+    card = render_card(args.folder, args.base_model, bench=bench, recipe=recipe, reproduce=args.reproduce)
+    (Path(args.folder) / "README.md").write_text(card)
+    problems = validate_model_folder(args.folder)
+    for problem in problems:
+        print(f"not ready: {problem}")
+    if problems:
+        raise ValueError(f"{args.folder} is not Hub-ready ({len(problems)} problem(s))")
+    print(f"{args.folder} is Hub-ready")
+
+
+def cmd_push(args):
+    from .hub import push
+
+    files = push(args.folder, args.repo, dry_run=args.dry_run)
+    print(("would upload" if args.dry_run else "uploaded") + f" to {args.repo}:")
+    for name in files:
+        print(f"  {name}")
+
+
 def cmd_export_custom_generate(args):
     from .hub import export_custom_generate
 
@@ -177,6 +205,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="results")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("card", help="render a drafter folder's model card and validate the folder")
+    p.add_argument("folder")
+    p.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
+    p.add_argument("--bench", default=None, help="results.json from hf-specdiff bench")
+    p.add_argument("--recipe", default=None, help="training_recipe.json (default: the folder's)")
+    p.add_argument("--reproduce", default=None, help="the commands that reproduce the drafter and its results")
+    p.set_defaults(func=cmd_card)
+
+    p = sub.add_parser("push", help="upload a validated drafter folder to the Hub")
+    p.add_argument("folder")
+    p.add_argument("--repo", required=True, help="org/name")
+    p.add_argument("--dry-run", action="store_true", help="list what would be uploaded, upload nothing")
+    p.set_defaults(func=cmd_push)
 
     p = sub.add_parser("export-custom-generate", help="write the Hub custom_generate folder")
     p.add_argument("out")

@@ -43,3 +43,107 @@ def export_custom_generate(path) -> Path:
     (path / "custom_generate" / "generate.py").write_text(inspect.getsource(decoding))
     (path / "README.md").write_text(CUSTOM_GENERATE_README)
     return path
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Drafter model folders: card, validation, upload
+
+MAX_WEIGHTS_MB = 40
+REQUIRED_FILES = ("config.json", "generation_config.json", "configuration_specdiff.py", "modeling_specdiff.py",
+                  "generation_specdiff.py", "model.safetensors", "README.md")
+CARD_KEYS = ("library_name", "pipeline_tag", "base_model", "license", "datasets", "tags")
+
+
+def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict | None = None,
+                license: str = "apache-2.0", datasets: tuple[str, ...] = ("openai/gsm8k",),
+                reproduce: str | None = None) -> str:
+    """The model card (README.md) of a drafter folder: metadata, usage, benchmark table and training recipe."""
+    import json
+
+    from .bench import markdown_table
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    name = Path(folder).resolve().name
+    lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", f"base_model: {base_model}",
+             f"license: {license}", "datasets:", *[f"  - {d}" for d in datasets], "tags:",
+             *[f"  - {t}" for t in ("speculative-decoding", "diffusion", "specdiff", "hf_specdiff", "assistant-model")],
+             "---", "", f"# {name}", "",
+             f"A SpecDiff discrete-diffusion drafter for [{base_model}](https://huggingface.co/{base_model}): pass it as "
+             "`assistant_model` and generation gets faster while the output stays exactly the verifier's (greedy: "
+             "identical tokens; sampling: the same distribution).", "",
+             f"- body: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, block of "
+             f"{config['block_size']} tokens drafted in {config['num_denoising_steps']} denoising step(s)",
+             f"- draft vocabulary: {len(config['draft_token_ids']) if config.get('draft_token_ids') else 'full'} of "
+             f"{config['vocab_size']} tokens (the drafter gives 0 probability to the rest; decoding stays lossless)",
+             "", "## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+             f'verifier = AutoModelForCausalLM.from_pretrained("{base_model}")',
+             f'tokenizer = AutoTokenizer.from_pretrained("{base_model}")',
+             f'drafter = AutoModelForCausalLM.from_pretrained("<org>/{name}", trust_remote_code=True)',
+             'inputs = tokenizer.apply_chat_template([{"role": "user", "content": "Hi!"}], add_generation_prompt=True,',
+             '                                       return_tensors="pt", return_dict=True)',
+             "out = verifier.generate(**inputs, assistant_model=drafter, max_new_tokens=256)",
+             "# SpecDiff-2 self-selection (K drafts verified as one tree): pip install hf_specdiff",
+             "# import hf_specdiff; out = hf_specdiff.generate(verifier, drafter, **inputs, num_drafts=4)", "```", ""]
+    if bench is not None:
+        lines += ["## Benchmark", "", "Spec-Bench, speed-up over plain `generate` (tau = tokens per verifier forward, "
+                  "exact = share of outputs identical to plain greedy):", "", markdown_table(bench), ""]
+        settings = bench.get("settings", {})
+        if settings:
+            lines += [f"Settings: {', '.join(f'{k}={v}' for k, v in settings.items() if k not in ('out',))}.", ""]
+    if recipe is not None:
+        cfg = recipe["config"]
+        lines += ["## Training recipe", "",
+                  f"Trained with `hf_specdiff` ({cfg['objective']} objective, kind {cfg.get('kind', 'diffusion')}) "
+                  f"for {recipe['steps']} steps in {recipe['wall_time_s'] / 60:.1f} min on {recipe['machine']}, on "
+                  f"{recipe['data']['train_rows']} verifier-sampled trajectories "
+                  f"(temperature {recipe['data']['settings']['temperature']}).", "", "```json",
+                  json.dumps(cfg, indent=2), "```", ""]
+    if reproduce:
+        lines += ["## Reproduce", "", "```bash", reproduce, "```", ""]
+    return "\n".join(lines)
+
+
+def validate_model_folder(folder) -> list[str]:
+    """What keeps a drafter folder from being Hub-ready (an empty list when it is)."""
+    import json
+
+    folder = Path(folder)
+    problems = [f"missing {name}" for name in REQUIRED_FILES if not (folder / name).exists()]
+    if (folder / "config.json").exists():
+        config = json.loads((folder / "config.json").read_text())
+        if config.get("model_type") != "specdiff":
+            problems.append(f"config.json: model_type is {config.get('model_type')!r}, not 'specdiff'")
+        if "AutoModelForCausalLM" not in config.get("auto_map", {}):
+            problems.append("config.json: no auto_map for AutoModelForCausalLM (save with hf_specdiff imported)")
+    if (folder / "generation_config.json").exists():
+        generation = json.loads((folder / "generation_config.json").read_text())
+        if generation.get("assistant_confidence_threshold") != 0.0:
+            problems.append("generation_config.json: assistant_confidence_threshold must be 0")
+        if not generation.get("num_assistant_tokens"):
+            problems.append("generation_config.json: num_assistant_tokens is not set")
+    weights = folder / "model.safetensors"
+    if weights.exists() and weights.stat().st_size > MAX_WEIGHTS_MB * 2**20:
+        problems.append(f"model.safetensors is {weights.stat().st_size / 2**20:.1f} MB (> {MAX_WEIGHTS_MB} MB)")
+    readme = folder / "README.md"
+    if readme.exists():
+        text = readme.read_text()
+        header = text.split("---")[1] if text.startswith("---") and text.count("---") >= 2 else ""
+        problems += [f"README.md: metadata lacks {key}" for key in CARD_KEYS if f"{key}:" not in header]
+    return problems
+
+
+def push(folder, repo_id: str, dry_run: bool = False, token: str | None = None) -> list[str]:
+    """Upload a validated drafter folder to the Hub (`dry_run`: only list what would be uploaded)."""
+    folder = Path(folder)
+    problems = validate_model_folder(folder)
+    if problems:
+        raise ValueError(f"{folder} is not ready to push: " + "; ".join(problems))
+    files = sorted(str(p.relative_to(folder)) for p in folder.rglob("*")
+                   if p.is_file() and "checkpoint" not in p.relative_to(folder).parts[0] and "__pycache__" not in p.parts)
+    if not dry_run:
+        from huggingface_hub import HfApi
+
+        api = HfApi(token=token)
+        api.create_repo(repo_id, exist_ok=True)
+        api.upload_folder(folder_path=str(folder), repo_id=repo_id, allow_patterns=files)
+    return files
