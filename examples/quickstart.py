@@ -23,13 +23,14 @@ SHIPPED = Path(__file__).resolve().parents[1] / "model_cards" / "specdiff-smollm
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--verifier", default="smollm2-135m-instruct", help="verifier folder or known name")
     parser.add_argument("--drafter", default=str(SHIPPED), help="drafter folder (default: the shipped one)")
     parser.add_argument("--prompt", default="Explain speculative decoding in two sentences.")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     args = parser.parse_args()
     torch.set_num_threads(2)
 
-    verifier, tokenizer = load_verifier("smollm2-135m-instruct", dtype=torch.float32)
+    verifier, tokenizer = load_verifier(args.verifier, dtype=torch.float32)
     if Path(args.drafter, "config.json").exists():
         drafter = AutoModelForCausalLM.from_pretrained(args.drafter, trust_remote_code=True).eval()
     else:

@@ -39,7 +39,8 @@ def verifier_identity(model, name_or_path: str | None = None) -> dict:
     digest = hashlib.sha256()
     digest.update(json.dumps([config.model_type, config.vocab_size, config.hidden_size,
                               getattr(config, "num_hidden_layers", None)]).encode())
-    digest.update(embedding[:64].detach().float().cpu().numpy().tobytes())
+    # rounded to bf16 first, so the same verifier loaded in fp32 or bf16 has one fingerprint
+    digest.update(embedding[:64].detach().cpu().to(torch.bfloat16).float().numpy().tobytes())
     return {"name_or_path": name_or_path or getattr(config, "_name_or_path", None) or None,
             "vocab_size": config.vocab_size, "fingerprint": digest.hexdigest()[:16]}
 

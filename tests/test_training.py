@@ -195,3 +195,11 @@ def test_ar_baseline_trains_and_assists(workspace):
     plain = verifier.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None)
     assert verifier.generate(prompt, max_new_tokens=30, do_sample=False, eos_token_id=None,
                              assistant_model=ar).tolist() == plain.tolist()
+
+
+def test_fingerprint_ignores_dtype():
+    from hf_specdiff.data import verifier_identity
+
+    verifier = tiny_verifier("llama")
+    assert verifier_identity(verifier) == verifier_identity(tiny_verifier("llama", dtype=torch.bfloat16))
+    assert verifier_identity(verifier)["fingerprint"] != verifier_identity(tiny_verifier("llama", seed=1))["fingerprint"]

@@ -1,0 +1,42 @@
+"""Spec-Bench comparison from Python: every method on the same prompts, interleaved, one process.
+
+    python examples/benchmark.py --drafter model_cards/specdiff-smollm2-135m-instruct --per-category 4
+
+(`hf-specdiff bench` is the same with more options.)
+"""
+
+import argparse
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+from hf_specdiff.bench import benchmark, markdown_table, read_spec_bench, save
+from hf_specdiff.verifiers import load_verifier
+
+SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--verifier", default="smollm2-135m-instruct")
+    parser.add_argument("--drafter", required=True)
+    parser.add_argument("--prompts", default=str(SPEC_BENCH))
+    parser.add_argument("--per-category", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--out", default="results")
+    args = parser.parse_args()
+
+    torch.set_num_threads(2)
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    verifier, tokenizer = load_verifier(args.verifier, dtype=dtype)
+    drafter = AutoModelForCausalLM.from_pretrained(args.drafter, dtype=dtype, trust_remote_code=True).eval()
+    summary = benchmark(verifier, tokenizer, read_spec_bench(args.prompts, args.per_category), drafter=drafter,
+                        num_drafts=(1, 4), max_new_tokens=args.max_new_tokens)
+    print(markdown_table(summary))
+    save(summary, args.out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Each example runs end to end on tiny models (the same scripts run on SmolLM2 with default arguments)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("examples")
+    verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
+    verifier.save_pretrained(root / "verifier")
+    tokenizer.save_pretrained(root / "verifier")
+    drafter = train_briefly(tiny_drafter(verifier, block_size=8),
+                            greedy_sequences(verifier, torch.randint(4, 96, (16, 5)), 40), steps=60)
+    drafter.save_pretrained(root / "drafter")
+    with (root / "prompts.jsonl").open("w") as f:
+        for i in range(12):
+            f.write(json.dumps({"category": ["qa", "math"][i % 2], "turns": [f"t{5 + i} t9 t{30 + i}"],
+                                "prompt": f"t{5 + i} t9 t{30 + i}"}) + "\n")
+    return root
+
+
+def run(script: str, *args: str) -> str:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(REPO / "examples" / script), *args], env=env, capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_quickstart(models):
+    out = run("quickstart.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+              "--prompt", "t5 t9 t14", "--max-new-tokens", "20")
+    assert "identical to plain greedy: True" in out
+
+
+def test_pipeline(models):
+    out = run("pipeline.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+              "--prompt", "t5 t9 t14", "--max-new-tokens", "20")
+    assert "identical to the plain pipeline: True" in out
+
+
+def test_self_selection(models):
+    out = run("self_selection.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+              "--prompt", "t5 t9 t14", "--max-new-tokens", "20")
+    assert "all entry points identical to plain greedy: True" in out
+
+
+def test_train_drafter(models, tmp_path):
+    out = run("train_drafter.py", "--verifier", str(models / "verifier"), "--prompts", str(models / "prompts.jsonl"),
+              "--out", str(tmp_path / "run"), "--steps", "10", "--max-new-tokens", "16", "--hidden-size", "32",
+              "--draft-vocab-size", "32")
+    assert "| position | acceptance |" in out and (tmp_path / "run" / "drafter" / "model.safetensors").exists()
+
+
+def test_benchmark(models, tmp_path):
+    out = run("benchmark.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+              "--prompts", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "16",
+              "--dtype", "fp32", "--out", str(tmp_path / "results"))
+    assert "| overall |" in out and (tmp_path / "results" / "results.json").exists()
