@@ -35,6 +35,7 @@ class SpecDiffCache:
         self.values: list[torch.Tensor] = []
         self.token_ids: torch.Tensor | None = None  # [n] ids of the cached tokens
         self.offset = 0
+        self.tokens_encoded = 0  # prefix tokens encoded over the cache's life: the drafting cost beyond the blocks
 
     @property
     def num_cached(self) -> int:
@@ -43,10 +44,15 @@ class SpecDiffCache:
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return self.offset + self.num_cached
 
-    def crop(self, max_length: int):
-        """Keep the first `max_length` tokens (a negative value removes that many from the end)."""
-        keep = self.get_seq_length() + max_length if max_length < 0 else max_length
-        keep_cached = keep - self.offset
+    def crop(self, tokens_to_remove: int):
+        """Remove `-tokens_to_remove` tokens from the end (transformers' convention: 0 is a no-op)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of tokens to remove, got {tokens_to_remove}")
+        self.truncate(self.get_seq_length() + tokens_to_remove)
+
+    def truncate(self, length: int):
+        """Keep the first `length` tokens (absolute positions)."""
+        keep_cached = length - self.offset
         if keep_cached <= 0:
             self.reset()
         elif keep_cached < self.num_cached:
@@ -78,11 +84,12 @@ class SpecDiffCache:
         if self.num_cached:
             cached = input_ids[self.offset : self.offset + self.num_cached]
             same = (cached == self.token_ids[: cached.shape[0]]).long().cumprod(0).sum().item()
-            self.crop(self.offset + same)
+            self.truncate(self.offset + same)
         if length - self.offset + block_size > window + block_size:
             self.reset(offset=max(0, length - window // 2))
         new_ids = input_ids[self.get_seq_length() :]
         self.token_ids = new_ids if self.token_ids is None else torch.cat([self.token_ids, new_ids])
+        self.tokens_encoded += new_ids.shape[0]
         return new_ids
 
 

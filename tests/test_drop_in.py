@@ -99,6 +99,41 @@ def test_reduced_draft_vocabulary_stays_exact(trained):
     assert torch.isinf(logits[..., outside]).all() and torch.isfinite(logits[..., frequent]).all()
 
 
+def test_prefix_is_encoded_once(trained):
+    """Each round encodes only the newly accepted tokens: the drafter never re-reads its prefix."""
+    verifier, drafter = trained("llama")
+    caches, original = [], drafter.generate
+
+    def spy(*args, **kwargs):
+        out = original(*args, **kwargs)
+        caches.append(out.past_key_values)
+        return out
+
+    drafter.generate = spy
+    try:
+        out = verifier.generate(PROMPTS[:1], max_new_tokens=60, do_sample=False, eos_token_id=None,
+                                assistant_model=drafter)
+    finally:
+        del drafter.generate
+    assert len({id(c) for c in caches}) == 1  # one cache, carried across rounds
+    # every committed token once, plus at most one re-encoded token per round (the loop crops one back)
+    assert caches[0].tokens_encoded <= out.shape[1] + len(caches)
+
+
+def test_cache_crop_follows_transformers():
+    from hf_specdiff import SpecDiffCache
+
+    cache = SpecDiffCache()
+    cache.sync(torch.arange(10), window=100, block_size=4)
+    cache.keys, cache.values = [torch.zeros(1, 1, 10, 2)], [torch.zeros(1, 1, 10, 2)]
+    cache.crop(0)
+    assert cache.get_seq_length() == 10
+    cache.crop(-3)
+    assert cache.get_seq_length() == 7 and cache.keys[0].shape[2] == 7
+    with pytest.raises(ValueError, match="negative count"):
+        cache.crop(2)
+
+
 def test_long_context_drafts_from_recent_window():
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier, block_size=4, max_position_embeddings=16)
