@@ -366,9 +366,10 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
         )
         logits = outputs.logits[0].float()  # [1 + N, V]: last committed token, then nodes
         # Process each row with its own context (committed tokens + the node's path), one batch per depth.
-        target_scores = torch.empty_like(logits)
-        target_scores[0] = logits_processor(input_ids, logits[:1])[0]
-        for depth in range(1, int(tree.depths.max()) + 1 if len(tree) else 1):
+        target_scores = torch.empty_like(logits) if len(logits_processor) else logits
+        if len(logits_processor):
+            target_scores[0] = logits_processor(input_ids, logits[:1])[0]
+        for depth in range(1, int(tree.depths.max()) + 1 if len(tree) and len(logits_processor) else 1):
             nodes = (tree.depths == depth).nonzero().flatten().tolist()
             context = torch.stack([tree_tokens[tree.path(n)] for n in nodes])
             context = torch.cat([input_ids.expand(len(nodes), -1), context], dim=1)
