@@ -74,9 +74,9 @@ class SpecDiffStats:
 class DraftLengthController:
     """Adaptive draft length from measured acceptance.
 
-    Keeps, per draft position i, the rate a_i at which position i is accepted once every position before it was,
-    starting optimistic ((accepted + 1) / (reached + 1): 1 until a position is tried, so drafting starts at full
-    length and grows back to untried lengths quickly). Picks the length g <= max_length that maximises expected tokens per round
+    Keeps, per draft position i, the rate a_i at which position i is accepted once every position before it was:
+    (accepted + 1) / (reached + 1), so drafting starts at full length; a position not reached yet is taken to do as
+    well as the one before it, so the length grows again once the positions before it are accepted. Picks the length g <= max_length that maximises expected tokens per round
     (1 + sum_{m<=g} prod_{i<=m} a_i) over the round's relative cost (1 + cost_per_token * g): it grows while later
     positions keep being accepted and shrinks when early rejections dominate.
     """
@@ -92,6 +92,9 @@ class DraftLengthController:
         if self.fixed is not None:
             return self.fixed
         rate = (self.accepted + 1) / (self.reached + 1)
+        for i in range(1, self.max_length):  # a position never reached yet is taken to do as well as the one before
+            if self.reached[i] == 0:
+                rate[i] = rate[i - 1]
         expected = 1 + rate.cumprod(0).cumsum(0)
         lengths = torch.arange(1, self.max_length + 1)
         return int(lengths[(expected / (1 + self.cost_per_token * lengths)).argmax()])

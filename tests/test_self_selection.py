@@ -48,9 +48,10 @@ def test_greedy_equals_plain(trained, arch, num_drafts, draft_length):
         assert plain[0, -1] == eos and out.tolist() == plain.tolist()
 
 
+@pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("num_drafts", [1, 8])
-def test_stop_strings_and_custom_generate_callable(trained, num_drafts):
-    verifier, drafter = trained("llama")
+def test_stop_strings_and_custom_generate_callable(trained, arch, num_drafts):
+    verifier, drafter = trained(arch)
     tokenizer = tiny_tokenizer()
     prompt = PROMPTS[:1]
     plain = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None)
@@ -181,3 +182,16 @@ def test_committed_custom_generate_folder_is_current():
     assert (folder / "custom_generate" / "generate.py").read_text() == Path(decoding.__file__).read_text(), \
         "regenerate with: python -c \"import hf_specdiff; hf_specdiff.export_custom_generate('model_cards/specdiff-generate')\""
     assert (folder / "README.md").read_text() == hf_specdiff.hub.CUSTOM_GENERATE_README
+
+
+def test_draft_length_adapts_to_measured_acceptance():
+    controller = decoding.DraftLengthController(max_length=16)
+    assert controller.next_length() == 16  # optimistic start: untried positions count as accepted
+    for _ in range(20):
+        controller.update(num_drafted=controller.next_length(), num_accepted=1)  # always rejected at position 2
+    assert controller.next_length() <= 3
+    for _ in range(60):
+        length = controller.next_length()
+        controller.update(num_drafted=length, num_accepted=length)  # now everything is accepted
+    assert controller.next_length() == 16
+    assert decoding.DraftLengthController(max_length=16, fixed=5).next_length() == 5

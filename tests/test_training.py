@@ -203,3 +203,12 @@ def test_fingerprint_ignores_dtype():
     verifier = tiny_verifier("llama")
     assert verifier_identity(verifier) == verifier_identity(tiny_verifier("llama", dtype=torch.bfloat16))
     assert verifier_identity(verifier)["fingerprint"] != verifier_identity(tiny_verifier("llama", seed=1))["fingerprint"]
+
+
+def test_kl_term_gradient_accumulation_and_bf16(workspace):
+    root, _, _ = workspace
+    out = train(base_config(root, "kl-bf16", kl_weight=0.5, mdlm_weight=0.2, grad_accum=2, precision="bf16",
+                            max_steps=12, eval_every=6), progress=False)
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert log and all(torch.isfinite(torch.tensor(r["loss"])) for r in log)
+    assert SpecDiffDrafter.from_pretrained(out).config.block_size == 8
