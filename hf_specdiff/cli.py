@@ -41,7 +41,7 @@ def cmd_distill_data(args):
     config = DistillDataConfig(samples_per_prompt=args.samples_per_prompt, temperature=args.temperature,
                                top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
     make_distill_data(verifier, tokenizer, prompts, args.out, config, batch_size=args.batch_size,
-                      verifier_name=args.verifier)
+                      verifier_name=args.verifier, max_samples=args.max_samples or None)
     print(f"data in {args.out}")
 
 
@@ -168,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--limit", type=int, default=0, help="use only the first N prompts")
+    p.add_argument("--max-samples", type=int, default=0,
+                   help="stop after N samples (shortest prompts first); a later run with a larger N extends the data")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     p.add_argument("--device", default=None)

@@ -124,8 +124,12 @@ def load_distill_data(path) -> tuple[dict, list[dict]]:
 
 @torch.no_grad()
 def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDataConfig | None = None,
-                      batch_size: int = 16, verifier_name: str | None = None, progress: bool = True) -> Path:
-    """Sample responses from `verifier` for `prompts` into `out/` (resumable; see the module docstring)."""
+                      batch_size: int = 16, verifier_name: str | None = None, progress: bool = True,
+                      max_samples: int | None = None) -> Path:
+    """Sample responses from `verifier` for `prompts` into `out/` (resumable; see the module docstring).
+
+    `max_samples` stops after that many samples of the work list (shortest prompts first): a smaller data set that a
+    later run with a larger limit extends."""
     config = config or DistillDataConfig()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -144,6 +148,7 @@ def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDa
     encoded = [encode_prompt(tokenizer, p, config.chat_template, config.max_prompt_tokens) for p in prompts]
     work = sorted(((i, s) for i in range(len(prompts)) for s in range(config.samples_per_prompt)),
                   key=lambda item: (len(encoded[item[0]]), item))  # similar lengths batch together
+    work = work[:max_samples] if max_samples else work
     batches = [work[i : i + batch_size] for i in range(0, len(work), batch_size)]
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = verifier.generation_config.eos_token_id

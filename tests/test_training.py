@@ -85,6 +85,12 @@ def test_distill_data_resumes_after_a_crash(workspace, tmp_path):
     make_distill_data(verifier, tokenizer, prompts[:20], crashed, config, batch_size=8, progress=False)
     _, full = load_distill_data(tmp_path / "full")
     _, resumed = load_distill_data(crashed)
+    partial = tmp_path / "partial"  # a smaller data set, then extended: the same rows as one full run
+    make_distill_data(verifier, tokenizer, prompts[:20], partial, config, batch_size=8, progress=False, max_samples=16)
+    assert len(load_distill_data(partial)[1]) == 16
+    make_distill_data(verifier, tokenizer, prompts[:20], partial, config, batch_size=8, progress=False)
+    key_ = lambda r: (r["prompt_index"], r["sample_index"])  # noqa: E731
+    assert sorted(load_distill_data(partial)[1], key=key_) == sorted(full, key=key_)
     key = lambda r: (r["prompt_index"], r["sample_index"])  # noqa: E731
     assert len(resumed) == len(full) == 40
     assert sorted(resumed, key=key) == sorted(full, key=key)  # nothing lost, nothing twice, same samples
