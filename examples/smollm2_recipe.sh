@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/smollm2}
 SAMPLES=${SAMPLES:-2400}   # samples to draw, shortest prompts first (the slow step: ~1 sample/s here)
-STEPS=${STEPS:-1500}
+STEPS=${STEPS:-2400}
 mkdir -p "$RUN"
 
 python examples/make_training_prompts.py --out "$RUN/train_prompts.jsonl" --num 2400

@@ -69,8 +69,9 @@ def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict
              *[f"  - {t}" for t in ("speculative-decoding", "diffusion", "specdiff", "hf_specdiff", "assistant-model")],
              "---", "", f"# {name}", "",
              f"A SpecDiff discrete-diffusion drafter for [{base_model}](https://huggingface.co/{base_model}): pass it as "
-             "`assistant_model` and generation gets faster while the output stays exactly the verifier's (greedy: "
-             "identical tokens; sampling: the same distribution).", "",
+             "`assistant_model` (or to `hf_specdiff.generate`) and the verifier checks its drafts, so the output stays "
+             "exactly the verifier's (greedy: identical tokens in fp32; sampling: the same distribution). How much "
+             "faster it is: see the benchmark below.", "",
              f"- body: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, block of "
              f"{config['block_size']} tokens drafted in {config['num_denoising_steps']} denoising step(s)",
              f"- draft vocabulary: {len(config['draft_token_ids']) if config.get('draft_token_ids') else 'full'} of "

@@ -1,0 +1,117 @@
+"""Configuration of the SpecDiff drafter: a masked (absorbing-state) block-diffusion language model.
+
+This file ships to the Hub as remote code: it imports only transformers.
+"""
+
+from transformers import PreTrainedConfig
+
+UNMASKING_SCHEDULES = ("left_to_right", "confidence")
+
+
+class SpecDiffConfig(PreTrainedConfig):
+    r"""
+    Configuration of [`SpecDiffDrafter`], a masked discrete-diffusion drafter for speculative decoding.
+
+    The drafter reads the verifier's token ids (causal attention over the committed prefix, cached across
+    drafting rounds) and denoises a block of `block_size` mask tokens (bidirectional attention inside the
+    block) in `num_denoising_steps` forward passes.
+
+    Args:
+        vocab_size (`int`): The verifier's vocabulary size, *padded* size included (the width of its logits).
+            The drafter's embedding has one more row, the mask token.
+        hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim:
+            Transformer body sizes (Llama-style: RMSNorm, RoPE, SwiGLU, grouped-query attention).
+        max_position_embeddings (`int`): Longest window (prefix + block) the drafter attends to. Longer
+            contexts are drafted from their most recent tokens.
+        block_size (`int`): The longest draft the drafter proposes in one round (the draft block).
+        num_denoising_steps (`int`): Forward passes per draft (T). 1 drafts the whole block at once.
+        unmasking_schedule (`str`): `"left_to_right"` unmasks contiguous chunks from left to right, one chunk per
+            step; it is lossless for sampling. `"confidence"` unmasks the most confident positions first; its
+            order depends on sampled values, so it is used for greedy drafting only (sampling falls back to
+            `"left_to_right"`).
+        bos_token_id, eos_token_id, pad_token_id: The verifier's special tokens (assisted generation and
+            pipelines require them to match).
+        mask_token_index (`int`, *optional*): Embedding row of the mask (absorbing) token; defaults to `vocab_size`,
+            the row after the verifier's vocabulary (the drafter never predicts it).
+        draft_token_ids (`list[int]`, *optional*): A reduced draft vocabulary: the verifier token ids the head
+            predicts. The drafter gives probability 0 to every other token, which keeps decoding lossless and makes the
+            head (hidden x vocabulary) much cheaper. `None` predicts the whole vocabulary.
+        verifier_name_or_path (`str`, *optional*): The verifier this drafter was trained for.
+    """
+
+    model_type = "specdiff"
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        hidden_size: int = 256,
+        intermediate_size: int = 768,
+        num_hidden_layers: int = 2,
+        num_attention_heads: int = 4,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        rms_norm_eps: float = 1e-6,
+        rope_theta: float = 10000.0,
+        max_position_embeddings: int = 2048,
+        initializer_range: float = 0.02,
+        block_size: int = 16,
+        num_denoising_steps: int = 1,
+        unmasking_schedule: str = "left_to_right",
+        bos_token_id: int | None = None,
+        eos_token_id: int | list[int] | None = None,
+        pad_token_id: int | None = None,
+        mask_token_index: int | None = None,
+        draft_token_ids: list[int] | None = None,
+        verifier_name_or_path: str | None = None,
+        **kwargs,
+    ):
+        if unmasking_schedule not in UNMASKING_SCHEDULES:
+            raise ValueError(f"unmasking_schedule must be one of {UNMASKING_SCHEDULES}, got {unmasking_schedule!r}")
+        if block_size < 1 or num_denoising_steps < 1:
+            raise ValueError("block_size and num_denoising_steps must be >= 1")
+        if hidden_size % num_attention_heads and head_dim is None:
+            raise ValueError("hidden_size must be divisible by num_attention_heads, or set head_dim")
+        if block_size >= max_position_embeddings:
+            raise ValueError(f"block_size ({block_size}) must be smaller than max_position_embeddings "
+                             f"({max_position_embeddings})")
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads or num_attention_heads
+        self.head_dim = head_dim or hidden_size // num_attention_heads
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_theta = rope_theta
+        self.max_position_embeddings = max_position_embeddings
+        self.initializer_range = initializer_range
+        self.block_size = block_size
+        self.num_denoising_steps = num_denoising_steps
+        self.unmasking_schedule = unmasking_schedule
+        self.bos_token_id = bos_token_id
+        self.eos_token_id = eos_token_id
+        self.pad_token_id = pad_token_id
+        self.mask_token_index = vocab_size if mask_token_index is None else mask_token_index
+        # The embedding has a mask row the head must not predict, so input and output embeddings stay untied.
+        kwargs.pop("tie_word_embeddings", None)
+        self.tie_word_embeddings = False
+        if draft_token_ids is not None:
+            draft_token_ids = [int(i) for i in draft_token_ids]
+            if len(set(draft_token_ids)) != len(draft_token_ids) or not all(0 <= i < vocab_size for i in draft_token_ids):
+                raise ValueError("draft_token_ids must be distinct token ids below vocab_size")
+        self.draft_token_ids = draft_token_ids
+        self.verifier_name_or_path = verifier_name_or_path
+        super().__init__(**kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict, **kwargs):
+        model_type = config_dict.get("model_type")
+        if model_type not in (None, cls.model_type):
+            raise ValueError(
+                f"This checkpoint is a '{model_type}' model, not a SpecDiff drafter ('{cls.model_type}'). Load it with "
+                "AutoModelForCausalLM, and pass a SpecDiff drafter checkpoint as the assistant."
+            )
+        return super().from_dict(config_dict, **kwargs)
+
+
+__all__ = ["SpecDiffConfig", "UNMASKING_SCHEDULES"]

@@ -1,0 +1,181 @@
+"""Drafting with a SpecDiff drafter: the prefix cache, the unmasking schedule and the denoising sampler.
+
+One drafting round encodes the tokens the verifier committed since the last round (causal attention, their
+keys and values appended to the cache) together with a block of mask tokens (bidirectional attention inside
+the block), then fills the block in T denoising steps. Step 1 is one forward over the new tokens plus the
+block; steps 2..T are one forward over the block alone. Nothing is recomputed over the cached prefix.
+
+Lossless sampling rules. Speculative sampling accepts draft token i with probability min(1, p_i/q_i), which is
+exact when token i was drawn from q_i and q_i depends only on the prefix and on draft tokens < i. So:
+- `scores[i]` are the processed logits of the step at which token i was drawn, and token i was drawn from them;
+- a step may only look at positions that are already unmasked (all < i under left-to-right chunks) and at mask
+  tokens, which are constants;
+- which positions a step unmasks must not depend on sampled values. Left-to-right chunks satisfy this;
+  confidence-ordered unmasking does not, so it is used for greedy drafting only.
+
+This file ships to the Hub as remote code: it imports only torch and transformers.
+"""
+
+import torch
+
+from transformers import LogitsProcessorList
+
+
+class SpecDiffCache:
+    """Keys and values of the drafter's committed prefix, with the cache interface transformers' assisted loop uses.
+
+    `get_seq_length()` and `crop(-n)` are what `AssistedCandidateGenerator` calls between rounds. The cache also
+    keeps the token ids it encoded, so a round re-encodes only from the first token that differs. When the
+    context outgrows the drafter's position limit, the cache restarts from a recent window (`offset` is the
+    absolute index of its first token).
+    """
+
+    def __init__(self):
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.token_ids: torch.Tensor | None = None  # [n] ids of the cached tokens
+        self.offset = 0
+        self.tokens_encoded = 0  # prefix tokens encoded over the cache's life: the drafting cost beyond the blocks
+
+    @property
+    def num_cached(self) -> int:
+        return 0 if self.token_ids is None else self.token_ids.shape[0]
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.offset + self.num_cached
+
+    def crop(self, tokens_to_remove: int):
+        """Remove `-tokens_to_remove` tokens from the end (transformers' convention: 0 is a no-op)."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of tokens to remove, got {tokens_to_remove}")
+        self.truncate(self.get_seq_length() + tokens_to_remove)
+
+    def truncate(self, length: int):
+        """Keep the first `length` tokens (absolute positions)."""
+        keep_cached = length - self.offset
+        if keep_cached <= 0:
+            self.reset()
+        elif keep_cached < self.num_cached:
+            self.token_ids = self.token_ids[:keep_cached]
+            self.keys = [k[:, :, :keep_cached] for k in self.keys]
+            self.values = [v[:, :, :keep_cached] for v in self.values]
+
+    def reset(self, offset: int = 0):
+        self.keys, self.values, self.token_ids, self.offset = [], [], None, offset
+
+    def layer(self, idx: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        return (self.keys[idx], self.values[idx]) if idx < len(self.keys) else None
+
+    def append(self, idx: int, key: torch.Tensor, value: torch.Tensor):
+        if idx < len(self.keys):
+            self.keys[idx] = torch.cat([self.keys[idx], key], dim=2)
+            self.values[idx] = torch.cat([self.values[idx], value], dim=2)
+        else:
+            self.keys.append(key)
+            self.values.append(value)
+
+    def sync(self, input_ids: torch.Tensor, window: int, block_size: int) -> torch.Tensor:
+        """Align the cache with `input_ids` ([seq]) and return the ids still to encode.
+
+        Drops cached tokens that disagree with `input_ids`, and restarts from the last `window` tokens when the
+        prefix plus a block would pass the position limit `window + block_size`.
+        """
+        length = input_ids.shape[0]
+        if self.num_cached:
+            cached = input_ids[self.offset : self.offset + self.num_cached]
+            same = (cached == self.token_ids[: cached.shape[0]]).long().cumprod(0).sum().item()
+            self.truncate(self.offset + same)
+        if length - self.offset + block_size > window + block_size:
+            self.reset(offset=max(0, length - window // 2))
+        new_ids = input_ids[self.get_seq_length() :]
+        self.token_ids = new_ids if self.token_ids is None else torch.cat([self.token_ids, new_ids])
+        self.tokens_encoded += new_ids.shape[0]
+        return new_ids
+
+
+def unmasking_chunks(num_tokens: int, num_steps: int) -> list[int]:
+    """How many positions each denoising step unmasks: `num_tokens` split into at most `num_steps` near-equal chunks."""
+    steps = min(num_steps, num_tokens)
+    return [num_tokens // steps + (1 if i < num_tokens % steps else 0) for i in range(steps)]
+
+
+def block_attention_mask(num_new: int, num_cached: int, block_len: int, device) -> torch.Tensor:
+    """Boolean mask [1, 1, num_new + block_len, num_cached + num_new + block_len] for one drafting forward.
+
+    New prefix tokens attend causally (to the cache and to earlier new tokens); block tokens attend to the whole
+    prefix and to each other.
+    """
+    q = num_new + block_len
+    k = num_cached + q
+    mask = torch.ones(q, k, dtype=torch.bool, device=device)
+    if num_new:
+        mask[:num_new, num_cached:] = torch.ones(num_new, q, dtype=torch.bool, device=device).tril(0)
+    return mask[None, None]
+
+
+def select_tokens(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Draw one token per row of processed logits `scores` [n, vocab]: argmax, or a sample of softmax(scores)."""
+    if not do_sample:
+        return scores.argmax(-1)
+    probs = scores.float().softmax(-1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+
+
+@torch.no_grad()
+def draft_block(
+    model,
+    input_ids: torch.Tensor,
+    cache: SpecDiffCache,
+    num_tokens: int,
+    logits_processor: LogitsProcessorList,
+    do_sample: bool,
+    num_steps: int,
+    schedule: str = "left_to_right",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Denoise a block of `num_tokens` mask tokens after `input_ids` ([1, seq]).
+
+    Returns the draft [1, num_tokens] and, for each draft token, the processed logits it was drawn from
+    [num_tokens, vocab] (float32).
+    """
+    config = model.config
+    device = input_ids.device
+    window = config.max_position_embeddings - config.block_size
+    new_ids = cache.sync(input_ids[0], window, config.block_size)
+    start = cache.get_seq_length() - cache.offset  # position of the first block token, relative to the window
+    block = torch.full((1, num_tokens), config.mask_token_index, dtype=torch.long, device=device)
+    block_positions = torch.arange(start, start + num_tokens, device=device)
+    decided = torch.zeros(num_tokens, dtype=torch.bool, device=device)
+    scores = torch.empty(num_tokens, config.vocab_size, dtype=torch.float32, device=device)
+    if do_sample and schedule == "confidence":
+        schedule = "left_to_right"  # confidence order depends on sampled values: biased for sampling
+
+    for step, chunk in enumerate(unmasking_chunks(num_tokens, num_steps)):
+        num_new = new_ids.shape[0] if step == 0 else 0
+        query = torch.cat([new_ids[None], block], dim=1) if num_new else block
+        positions = torch.cat([torch.arange(start - num_new, start, device=device), block_positions])
+        mask = block_attention_mask(num_new, start - num_new, num_tokens, device)
+        logits = model(
+            input_ids=query,
+            position_ids=positions[None],
+            attention_mask=mask,
+            past_key_values=cache,
+            num_prefix_tokens=num_new,
+            logits_to_keep=num_tokens,
+        ).logits[0].float()
+
+        if schedule == "confidence":
+            confidence = logits.max(-1).values.masked_fill(decided, float("-inf"))
+            positions_now = confidence.topk(chunk).indices.sort().values
+        else:
+            first = int(decided.sum())
+            positions_now = torch.arange(first, first + chunk, device=device)
+        context_len = input_ids.shape[1] + int(decided.long().cumprod(0).sum())  # ids decided left of the chunk
+        context = torch.cat([input_ids, block], dim=1)[:, :context_len].expand(chunk, -1)
+        step_scores = logits_processor(context, logits[positions_now])
+        block[0, positions_now] = select_tokens(step_scores, do_sample)
+        scores[positions_now] = step_scores
+        decided[positions_now] = True
+    return block, scores
+
+
+__all__ = ["SpecDiffCache", "unmasking_chunks", "block_attention_mask", "select_tokens", "draft_block"]

@@ -1,0 +1,352 @@
+"""The SpecDiff drafter: a masked (absorbing-state) block-diffusion transformer that drafts for a verifier.
+
+A Llama-style body (RMSNorm, RoPE, SwiGLU, grouped-query attention) over the verifier's vocabulary plus one mask
+token. Attention follows an explicit boolean mask, so one forward can mix a causal prefix with a bidirectional
+draft block (inference) or a clean copy of a sequence with its noised copy (training). `generate()` is the
+drafting round that transformers' assisted generation calls (`model.generate(..., assistant_model=drafter)`).
+
+This file ships to the Hub as remote code: it imports only torch and transformers.
+"""
+
+import copy
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, PreTrainedModel
+from transformers import initialization as init
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from .configuration_specdiff import SpecDiffConfig
+from .generation_specdiff import SpecDiffCache, draft_block
+
+
+class SpecDiffRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class SpecDiffRotaryEmbedding(nn.Module):
+    """RoPE angles, computed on the fly (no buffer to initialise or load)."""
+
+    def __init__(self, config: SpecDiffConfig):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.theta = config.rope_theta
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        exponent = torch.arange(0, self.head_dim, 2, dtype=torch.float, device=x.device) / self.head_dim
+        freqs = position_ids[..., None].float() / self.theta**exponent  # [batch, seq, head_dim/2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(x.dtype), emb.sin().to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([-x2, x1], dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    return x * cos[:, None] + rotate_half(x) * sin[:, None]
+
+
+class SpecDiffAttention(nn.Module):
+    """Grouped-query attention under an explicit boolean mask, reading and extending the prefix cache."""
+
+    def __init__(self, config: SpecDiffConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+
+    def forward(self, hidden, cos, sin, attention_mask, cache: SpecDiffCache | None, num_prefix_tokens: int):
+        batch, seq, _ = hidden.shape
+        q = self.q_proj(hidden).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(hidden).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(hidden).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        past = cache.layer(self.layer_idx) if cache is not None else None
+        keys, values = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
+        if cache is not None and num_prefix_tokens:
+            cache.append(self.layer_idx, k[:, :, :num_prefix_tokens], v[:, :, :num_prefix_tokens])
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=attention_mask, enable_gqa=self.num_kv_heads != self.num_heads
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class SpecDiffMLP(nn.Module):
+    def __init__(self, config: SpecDiffConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SpecDiffDecoderLayer(nn.Module):
+    def __init__(self, config: SpecDiffConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = SpecDiffRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = SpecDiffAttention(config, layer_idx)
+        self.post_attention_layernorm = SpecDiffRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = SpecDiffMLP(config)
+
+    def forward(self, hidden, cos, sin, attention_mask, cache, num_prefix_tokens):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention_mask, cache, num_prefix_tokens)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class SpecDiffPreTrainedModel(PreTrainedModel):
+    config_class = SpecDiffConfig
+    config: SpecDiffConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["SpecDiffDecoderLayer"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, SpecDiffRMSNorm):
+            init.ones_(module.weight)
+
+
+class SpecDiffModel(SpecDiffPreTrainedModel):
+    """The transformer body: embeddings (vocabulary + mask token), decoder layers and the final norm."""
+
+    def __init__(self, config: SpecDiffConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size + 1, config.hidden_size)
+        self.layers = nn.ModuleList(SpecDiffDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = SpecDiffRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = SpecDiffRotaryEmbedding(config)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, num_prefix_tokens=0):
+        hidden = self.embed_tokens(input_ids)
+        if position_ids is None:
+            start = past_key_values.get_seq_length() - past_key_values.offset if past_key_values is not None else 0
+            position_ids = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
+        if attention_mask is None:  # causal over the input, after the whole cache
+            past = position_ids.shape[1] and int(position_ids[0, 0])
+            attention_mask = torch.ones(input_ids.shape[1], past + input_ids.shape[1], dtype=torch.bool,
+                                        device=input_ids.device).tril(past)[None, None]
+        cos, sin = self.rotary_emb(hidden, position_ids)
+        for layer in self.layers:
+            hidden = layer(hidden, cos, sin, attention_mask, past_key_values, num_prefix_tokens)
+        return self.norm(hidden)
+
+
+class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
+    """A SpecDiff drafter: pass it to a verifier's `generate(..., assistant_model=drafter)`.
+
+    `forward` returns logits over the verifier's vocabulary for every input position; `generate` drafts up to
+    `config.block_size` tokens after `input_ids` in `config.num_denoising_steps` forwards and returns them with the
+    processed logits each was drawn from, as transformers' assisted decoding expects.
+    """
+
+    def __init__(self, config: SpecDiffConfig):
+        super().__init__(config)
+        self.model = SpecDiffModel(config)
+        head_size = len(config.draft_token_ids) if config.draft_token_ids is not None else config.vocab_size
+        self.lm_head = nn.Linear(config.hidden_size, head_size, bias=False)
+        self._draft_ids: torch.Tensor | None = None
+        self.post_init()
+        self.generation_config.num_assistant_tokens = config.block_size
+        self.generation_config.num_assistant_tokens_schedule = "constant"
+        self.generation_config.assistant_confidence_threshold = 0.0
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def draft_vocab_ids(self, device=None) -> torch.Tensor | None:
+        """The verifier ids of the head's outputs [head_size], or `None` when the head covers the whole vocabulary."""
+        if self.config.draft_token_ids is None:
+            return None
+        device = device or self.lm_head.weight.device
+        if self._draft_ids is None or self._draft_ids.device != torch.device(device):
+            self._draft_ids = torch.tensor(self.config.draft_token_ids, dtype=torch.long, device=device)
+        return self._draft_ids
+
+    def to_draft_vocab(self, ids: torch.Tensor) -> torch.Tensor:
+        """Map verifier token ids to head indices (-1 for tokens outside the draft vocabulary)."""
+        draft_ids = self.draft_vocab_ids(ids.device)
+        if draft_ids is None:
+            return ids
+        lookup = torch.full((self.config.vocab_size,), -1, dtype=torch.long, device=ids.device)
+        lookup[draft_ids] = torch.arange(draft_ids.shape[0], device=ids.device)
+        return lookup[ids]
+
+    def to_full_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Head logits [..., head_size] as logits over the verifier's vocabulary (-inf outside the draft vocabulary)."""
+        draft_ids = self.draft_vocab_ids(logits.device)
+        if draft_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, draft_ids, logits)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor,
+        position_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: SpecDiffCache | None = None,
+        num_prefix_tokens: int = 0,
+        logits_to_keep: int = 0,
+        head_logits: bool = False,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Logits [batch, seq, vocab_size] over the verifier's vocabulary for every input position.
+
+        Args:
+            attention_mask: boolean [batch or 1, 1, seq, cached + seq], True where a query may attend. `None` means
+                causal attention over the inputs (after the whole cache).
+            past_key_values: the prefix cache. The keys and values of the first `num_prefix_tokens` inputs are
+                appended to it; the rest (the draft block) are attended to but not cached.
+            logits_to_keep: if > 0, compute logits for the last `logits_to_keep` positions only.
+            head_logits: return the head's logits as they are (over the draft vocabulary when it is reduced).
+        """
+        hidden = self.model(input_ids, position_ids, attention_mask, past_key_values, num_prefix_tokens)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]
+        logits = self.lm_head(hidden)
+        return CausalLMOutputWithPast(logits=logits if head_logits else self.to_full_vocab(logits),
+                                      past_key_values=past_key_values)
+
+    def _check_inputs(self, input_ids, attention_mask, num_tokens):
+        if input_ids.shape[0] != 1:
+            raise ValueError(
+                f"SpecDiffDrafter drafts for one sequence at a time (got batch size {input_ids.shape[0]}); "
+                "call generate once per prompt."
+            )
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("SpecDiffDrafter does not take padded inputs: pass an unpadded single prompt.")
+        if not 1 <= num_tokens <= self.config.block_size:
+            raise ValueError(
+                f"Asked for {num_tokens} draft tokens but this drafter drafts at most block_size="
+                f"{self.config.block_size}: lower `num_assistant_tokens` in `drafter.generation_config` (or "
+                "`max_new_tokens`) to at most the block size."
+            )
+        if int(input_ids.max()) >= self.config.vocab_size or int(input_ids.min()) < 0:
+            raise ValueError(
+                f"Token id {int(input_ids.max())} is outside the drafter's vocabulary ({self.config.vocab_size}): "
+                "the drafter was made for another tokenizer. Use a drafter trained for this verifier."
+            )
+
+    def new_cache(self) -> SpecDiffCache:
+        """An empty prefix cache for one generation."""
+        return SpecDiffCache()
+
+    def draft(
+        self,
+        input_ids: torch.LongTensor,
+        cache: SpecDiffCache,
+        num_tokens: int,
+        logits_processor: list | None = None,
+        do_sample: bool = False,
+        num_steps: int | None = None,
+    ) -> tuple[torch.LongTensor, torch.Tensor]:
+        """Draft `num_tokens` tokens after `input_ids` [1, seq] in `num_steps` denoising steps (default: the config's).
+
+        Returns the draft [1, num_tokens] and the processed logits [num_tokens, vocab] each token was drawn from.
+        With `num_steps=1` the logits are the per-position marginals of one forward (what self-selection samples).
+        """
+        return draft_block(
+            self,
+            input_ids,
+            cache,
+            num_tokens,
+            LogitsProcessorList(logits_processor or []),
+            do_sample=do_sample,
+            num_steps=num_steps or self.config.num_denoising_steps,
+            schedule=self.config.unmasking_schedule,
+        )
+
+    @torch.no_grad()
+    def generate(
+        self,
+        input_ids: torch.LongTensor,
+        generation_config: GenerationConfig | None = None,
+        logits_processor: list | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: SpecDiffCache | None = None,
+        max_new_tokens: int | None = None,
+        **kwargs,
+    ) -> GenerateDecoderOnlyOutput:
+        """Draft up to `block_size` tokens after `input_ids` ([1, seq]).
+
+        Called by transformers' `AssistedCandidateGenerator` with the verifier's generation config and its logits
+        processors (which already hold temperature/top-k/top-p when sampling); called directly, the sampling
+        settings come from `generation_config` and keyword arguments. Returns `sequences` (input + draft), `scores`
+        (one tensor [1, vocab] per draft token: the processed logits it was drawn from) and `past_key_values`
+        (the prefix cache to pass back next round).
+        """
+        generation_config = copy.deepcopy(generation_config or self.generation_config)
+        generation_config.update(**{k: v for k, v in kwargs.items() if hasattr(generation_config, k)})
+        num_tokens = max_new_tokens or generation_config.max_new_tokens or self.config.block_size
+        self._check_inputs(input_ids, attention_mask, num_tokens)
+        if past_key_values is None:
+            past_key_values = SpecDiffCache()
+        elif not isinstance(past_key_values, SpecDiffCache):
+            raise TypeError(f"past_key_values must be the SpecDiffCache this drafter returned, got {type(past_key_values)}")
+        if logits_processor is None:
+            logits_processor = _sampling_processors(generation_config)
+        draft, scores = self.draft(input_ids, past_key_values, num_tokens, logits_processor,
+                                   do_sample=bool(generation_config.do_sample))
+        return GenerateDecoderOnlyOutput(
+            sequences=torch.cat([input_ids, draft], dim=1),
+            scores=tuple(scores[:, None].unbind(0)),
+            past_key_values=past_key_values,
+        )
+
+
+def _sampling_processors(generation_config: GenerationConfig) -> LogitsProcessorList:
+    """Temperature, top-k and top-p warpers for a direct `drafter.generate(do_sample=True, ...)` call."""
+    processors = LogitsProcessorList()
+    if not generation_config.do_sample:
+        return processors
+    if generation_config.temperature is not None and generation_config.temperature != 1.0:
+        processors.append(TemperatureLogitsWarper(generation_config.temperature))
+    if generation_config.top_k:
+        processors.append(TopKLogitsWarper(generation_config.top_k))
+    if generation_config.top_p is not None and generation_config.top_p < 1.0:
+        processors.append(TopPLogitsWarper(generation_config.top_p))
+    return processors
+
+
+__all__ = ["SpecDiffDrafter", "SpecDiffModel", "SpecDiffPreTrainedModel"]
