@@ -15,6 +15,7 @@ import platform
 import shutil
 import time
 from contextlib import nullcontext
+from functools import partial
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -296,7 +297,11 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
 
     _validate(config)
     out = Path(config.out)
-    accelerator = Accelerator(mixed_precision="bf16" if config.precision == "bf16" else "no")
+    # bf16 autocast is ours rather than accelerate's, so several runs can share one process (accelerate keeps one
+    # global state per process and refuses a second mixed-precision setting).
+    accelerator = Accelerator()
+    autocast = partial(torch.autocast, device_type=accelerator.device.type, dtype=torch.bfloat16,
+                       enabled=config.precision == "bf16")
     meta, rows = load_distill_data(config.data)
     verifier, _ = load_verifier(config.verifier, dtype=torch.float32)
     identity = verifier_identity(verifier)
@@ -346,7 +351,7 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
             clean, valid = sample_windows(train_rows, config.batch_size, config.seq_len, pad_id, generator)
             clean, valid = clean.to(accelerator.device), valid.to(accelerator.device)
             sync = micro == config.grad_accum - 1  # all-reduce gradients on the last micro-batch only
-            with accelerator.autocast(), (nullcontext() if sync else accelerator.no_sync(model)):
+            with autocast(), (nullcontext() if sync else accelerator.no_sync(model)):
                 loss = training_loss(model, drafter, clean, valid, config, generator, verifier) / config.grad_accum
                 accelerator.backward(loss)
             total += loss.item()
