@@ -84,3 +84,18 @@ def test_pipeline_with_assistant_equals_plain_pipeline():
     assisted = pipeline("text-generation", model=verifier, tokenizer=tokenizer, assistant_model=drafter)
     kwargs = dict(max_new_tokens=30, do_sample=False)
     assert assisted(prompt, **kwargs)[0]["generated_text"] == plain(prompt, **kwargs)[0]["generated_text"]
+
+
+def test_shipped_drafter_folder_carries_current_code_and_loads():
+    from pathlib import Path
+
+    from hf_specdiff.hub import validate_model_folder
+
+    folder = Path(__file__).resolve().parents[1] / "model_cards" / "specdiff-smollm2-135m-instruct"
+    package = Path(hf_specdiff.__file__).parent
+    for name in ("configuration_specdiff.py", "modeling_specdiff.py", "generation_specdiff.py"):
+        assert (folder / name).read_text() == (package / name).read_text(), \
+            f"{name} is stale: re-save the drafter (SpecDiffDrafter.from_pretrained(folder).save_pretrained(folder))"
+    assert validate_model_folder(folder) == []
+    drafter = AutoModelForCausalLM.from_pretrained(folder)
+    assert drafter.config.vocab_size == 49152 and drafter.config.eos_token_id == 2
