@@ -13,7 +13,6 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import torch
 from tqdm.auto import tqdm
 
 from .decoding import SpecDiffStats, generate

@@ -26,7 +26,6 @@ Why the output is exactly the verifier's:
 This file imports only torch and transformers, so it also ships as a Hub `custom_generate/generate.py`.
 """
 
-import copy
 from dataclasses import dataclass, field
 
 import torch

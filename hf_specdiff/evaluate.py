@@ -17,15 +17,19 @@ def evaluate_drafter(verifier, tokenizer, drafter, prompts: list, num_drafts: in
                      progress: bool = True) -> dict:
     """Decode `prompts` with the drafter and return tau, acceptance by position and drafter forwards per round."""
     check_compatibility(verifier, drafter)
-    if num_denoising_steps is not None:
-        drafter.config.num_denoising_steps = num_denoising_steps
+    configured_steps = drafter.config.num_denoising_steps
+    steps = num_denoising_steps or configured_steps
     stats = SpecDiffStats()
-    for prompt in tqdm(prompts, desc="eval-drafter", disable=not progress):
-        ids = torch.tensor([encode_prompt(tokenizer, prompt, True, 2048)], device=verifier.device)
-        generate(verifier, drafter, ids, max_new_tokens=max_new_tokens, do_sample=do_sample, num_drafts=num_drafts,
-                 draft_length=draft_length, stats=stats)
+    drafter.config.num_denoising_steps = steps  # for this evaluation only
+    try:
+        for prompt in tqdm(prompts, desc="eval-drafter", disable=not progress):
+            ids = torch.tensor([encode_prompt(tokenizer, prompt, True, 2048)], device=verifier.device)
+            generate(verifier, drafter, ids, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                     num_drafts=num_drafts, draft_length=draft_length, stats=stats)
+    finally:
+        drafter.config.num_denoising_steps = configured_steps
     return {"prompts": len(prompts), "num_drafts": num_drafts, "draft_length": draft_length,
-            "num_denoising_steps": drafter.config.num_denoising_steps, **stats.as_dict()}
+            "num_denoising_steps": steps, **stats.as_dict()}
 
 
 def format_report(report: dict) -> str:
