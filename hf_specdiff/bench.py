@@ -1,10 +1,11 @@
 """`hf-specdiff bench`: every method on the same Spec-Bench prompts, interleaved per prompt, in one process.
 
 Methods: plain greedy `generate`, prompt-lookup decoding, an autoregressive drafter (transformers' own
-`assistant_model` path), SpecDiff (an unaligned MDLM drafter, K=1) and SpecDiff-2 (the aligned drafter, K=1 and
-each K asked for). Per category and overall: tokens/s, speed-up over plain, tau (tokens per verifier forward),
-acceptance by draft position (SpecDiff methods), exact match with plain greedy. Writes results.json, results.md
-and PNG plots.
+`assistant_model` path), SpecDiff (an unaligned MDLM drafter, K=1), SpecDiff-2 (the aligned drafter, K=1 and
+each K asked for) and SpecDiff-2 conditioned (a drafter that reads the verifier's hidden states, same Ks). Per
+category and overall: tokens/s, speed-up over plain, tau (tokens per verifier forward), acceptance by draft
+position (SpecDiff methods), exact match with plain greedy, and the drafter's cost: milliseconds per drafter
+forward next to milliseconds per verifier forward. Writes results.json, results.md and PNG plots.
 """
 
 import json
@@ -34,16 +35,35 @@ def read_spec_bench(path, per_category: int) -> list[dict]:
     return rows
 
 
-class _ForwardCounter:
+class _ForwardTimer:
+    """Counts a model's forwards and the seconds spent in them."""
+
     def __init__(self, model):
-        self.count = 0
-        self.handle = model.register_forward_pre_hook(lambda *_: setattr(self, "count", self.count + 1))
+        self.count, self.seconds, self._start = 0, 0.0, 0.0
+        self.handles = [model.register_forward_pre_hook(self._before), model.register_forward_hook(self._after)]
+
+    def _before(self, *_):
+        self.count += 1
+        self._start = time.perf_counter()
+
+    def _after(self, *_):
+        self.seconds += time.perf_counter() - self._start
+
+    def reset(self):
+        self.count, self.seconds = 0, 0.0
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
 
 
 def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_drafter=None, ar_drafter=None,
-              num_drafts: tuple[int, ...] = (1,), max_new_tokens: int = 256, prompt_lookup_tokens: int = 10,
-              progress: bool = True) -> dict:
-    """Run every available method on every prompt (interleaved) and return per-category and overall results."""
+              conditioned_drafter=None, num_drafts: tuple[int, ...] = (1,), max_new_tokens: int = 256,
+              prompt_lookup_tokens: int = 10, progress: bool = True) -> dict:
+    """Run every available method on every prompt (interleaved) and return per-category and overall results.
+
+    `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
+    hidden states; either may be None."""
     methods = {"plain": dict()}
     methods["prompt lookup"] = dict(prompt_lookup_num_tokens=prompt_lookup_tokens)
     if ar_drafter is not None:
@@ -53,8 +73,13 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     if drafter is not None:
         for k in num_drafts:
             methods[f"SpecDiff-2 (K={k})"] = dict(specdiff=drafter, num_drafts=k)
+    if conditioned_drafter is not None:
+        for k in num_drafts:
+            methods[f"SpecDiff-2 conditioned (K={k})"] = dict(specdiff=conditioned_drafter, num_drafts=k)
 
-    counter = _ForwardCounter(verifier)
+    counter = _ForwardTimer(verifier)
+    drafter_timers = {id(m): _ForwardTimer(m) for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter)
+                      if m is not None}
     records = []
     for item in tqdm(prompts, desc="bench", disable=not progress):
         inputs = tokenizer.apply_chat_template([{"role": "user", "content": item["prompt"]}],
@@ -65,7 +90,11 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
         for name, options in methods.items():
             options = dict(options)
             stats = SpecDiffStats()
-            counter.count = 0
+            counter.reset()
+            used = options.get("specdiff", options.get("assistant_model"))
+            drafter_timer = drafter_timers.get(id(used))
+            if drafter_timer is not None:
+                drafter_timer.reset()
             start = time.perf_counter()
             if "specdiff" in options:
                 out = generate(verifier, options.pop("specdiff"), **inputs, max_new_tokens=max_new_tokens,
@@ -76,9 +105,12 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
             tokens = out[0, prompt_len:].tolist()
             reference = tokens if name == "plain" else reference
             records.append({"category": item["category"], "method": name, "tokens": len(tokens), "seconds": seconds,
-                            "forwards": counter.count, "exact": tokens == reference,
-                            "drafted": stats.drafted, "accepted": stats.accepted})
-    counter.handle.remove()
+                            "forwards": counter.count, "verifier_seconds": counter.seconds,
+                            "drafter_forwards": drafter_timer.count if drafter_timer else 0,
+                            "drafter_seconds": drafter_timer.seconds if drafter_timer else 0.0,
+                            "exact": tokens == reference, "drafted": stats.drafted, "accepted": stats.accepted})
+    for timer in (counter, *drafter_timers.values()):
+        timer.remove()
     return summarize(records, list(methods))
 
 
@@ -93,11 +125,16 @@ def summarize(records: list[dict], methods: list[str]) -> dict:
         for method in methods:
             mine = [r for r in rows if r["method"] == method]
             drafted, accepted = _sum_lists([r["drafted"] for r in mine]), _sum_lists([r["accepted"] for r in mine])
+            verifier_ms = 1000 * sum(r["verifier_seconds"] for r in mine) / max(sum(r["forwards"] for r in mine), 1)
+            drafter_forwards = sum(r["drafter_forwards"] for r in mine)
+            drafter_ms = 1000 * sum(r["drafter_seconds"] for r in mine) / drafter_forwards if drafter_forwards else None
             table[category][method] = {
                 "tok_s": _rate(mine), "speedup": _rate(mine) / plain_rate if plain_rate else None,
                 "tau": sum(r["tokens"] for r in mine) / max(sum(r["forwards"] for r in mine), 1),
                 "exact_match": sum(r["exact"] for r in mine) / len(mine), "prompts": len(mine),
                 "acceptance_by_position": [a / d for a, d in zip(accepted, drafted) if d],
+                "verifier_ms_per_forward": verifier_ms, "drafter_ms_per_forward": drafter_ms,
+                "drafter_cost": drafter_ms / verifier_ms if drafter_ms is not None and verifier_ms else None,
             }
     return {"methods": methods, "results": table, "records": records,
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
@@ -128,6 +165,11 @@ def markdown_table(summary: dict) -> str:
     overall = results["overall"]
     lines.append("")
     lines.append("plain: " + f"{overall['plain']['tok_s']:.1f} tok/s overall; peak RSS {summary['peak_rss_mb']:.0f} MB")
+    costs = [f"{m} {overall[m]['drafter_ms_per_forward']:.1f} ms ({overall[m]['drafter_cost']:.0%} of a verifier "
+             f"forward of {overall[m]['verifier_ms_per_forward']:.1f} ms)" for m in methods
+             if overall[m].get("drafter_cost") is not None]
+    if costs:
+        lines.append("drafter forward: " + "; ".join(costs))
     return "\n".join(lines)
 
 

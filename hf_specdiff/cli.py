@@ -93,8 +93,15 @@ def cmd_bench(args):
     from .demo import SHIPPED_DRAFTER
 
     drafter = args.drafter or (str(SHIPPED_DRAFTER) if (SHIPPED_DRAFTER / "config.json").exists() else None)
+    specdiff = [d for d in (load(drafter), load(args.compare_drafter)) if d is not None]
+    kinds = {True: [], False: []}
+    for d in specdiff:
+        kinds[bool(getattr(d.config, "verifier_layer_ids", None))].append(d)
+    if len(kinds[True]) > 1 or len(kinds[False]) > 1:
+        raise ValueError("--drafter and --compare-drafter are the same kind: pass one standalone and one conditioned")
     summary = benchmark(verifier, tokenizer, read_spec_bench(args.prompts, args.per_category),
-                        drafter=load(drafter), mdlm_drafter=load(args.mdlm_drafter), ar_drafter=load(args.ar_drafter),
+                        drafter=(kinds[False] or [None])[0], conditioned_drafter=(kinds[True] or [None])[0],
+                        mdlm_drafter=load(args.mdlm_drafter), ar_drafter=load(args.ar_drafter),
                         num_drafts=tuple(int(k) for k in args.num_drafts.split(",")),
                         max_new_tokens=args.max_new_tokens)
     summary["settings"] = {k: v for k, v in vars(args).items() if k != "func"}
@@ -198,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--per-category", type=int, default=10)
     p.add_argument("--verifier", default="smollm2-135m-instruct")
     p.add_argument("--drafter", default=None, help="the aligned SpecDiff drafter (default: the shipped one)")
+    p.add_argument("--compare-drafter", default=None,
+                   help="an aligned SpecDiff drafter of the other kind (standalone or conditioned on the verifier's "
+                        "hidden states), benchmarked beside --drafter")
     p.add_argument("--mdlm-drafter", default=None, help="an unaligned (mdlm) SpecDiff drafter")
     p.add_argument("--ar-drafter", default=None, help="an autoregressive drafter for transformers' assistant path")
     p.add_argument("--num-drafts", default="1,4", help="comma-separated K values for SpecDiff-2")

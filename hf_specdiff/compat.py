@@ -17,15 +17,31 @@ def _generation_token(verifier, name):
     return value if value is not None else getattr(_verifier_text_config(verifier), name, None)
 
 
-def drafter_config_for(verifier, **kwargs) -> SpecDiffConfig:
+def default_verifier_layers(num_layers: int, count: int = 3) -> list[int]:
+    """`count` verifier layers spread evenly from the second to the second-to-last (the last one is returned
+    after the final norm, so conditioned drafters do not read it)."""
+    last = num_layers - 2
+    if last < 0:
+        raise ValueError("a conditioned drafter needs a verifier with at least 2 layers")
+    first = min(1, last)
+    count = min(count, last - first + 1)
+    return sorted({round(first + i * (last - first) / max(count - 1, 1)) for i in range(count)})
+
+
+def drafter_config_for(verifier, conditioned: bool = False, **kwargs) -> SpecDiffConfig:
     """A `SpecDiffConfig` whose vocabulary and special tokens match `verifier` (a model or its config).
 
-    Keyword arguments set the other fields (sizes, `block_size`, `num_denoising_steps`, ...).
+    `conditioned=True` makes a drafter that reads the verifier's hidden states (layers from
+    `default_verifier_layers` unless `verifier_layer_ids` is given). Keyword arguments set the other fields (sizes,
+    `block_size`, `num_denoising_steps`, ...).
     """
     text_config = _verifier_text_config(verifier)
     matched = {name: _generation_token(verifier, name) for name in SPECIAL_TOKENS}
     matched["vocab_size"] = text_config.vocab_size
     matched["verifier_name_or_path"] = getattr(text_config, "_name_or_path", None) or None
+    if conditioned:
+        matched["verifier_layer_ids"] = default_verifier_layers(text_config.num_hidden_layers)
+        matched["verifier_hidden_size"] = text_config.hidden_size
     return SpecDiffConfig(**{**matched, **kwargs})
 
 
@@ -39,6 +55,15 @@ def check_compatibility(verifier, drafter) -> None:
             "verifier with `hf-specdiff train --verifier ...`, or build its config with "
             "`hf_specdiff.compat.drafter_config_for(verifier)`."
         )
+    if getattr(drafter.config, "verifier_layer_ids", None) is not None:
+        text = _verifier_text_config(verifier)
+        if text.hidden_size != drafter.config.verifier_hidden_size or \
+                max(drafter.config.verifier_layer_ids) >= text.num_hidden_layers - 1:
+            raise ValueError(
+                f"The drafter reads verifier layers {drafter.config.verifier_layer_ids} of width "
+                f"{drafter.config.verifier_hidden_size}, but the verifier has {text.num_hidden_layers} layers of width "
+                f"{text.hidden_size}: use a drafter trained for this verifier."
+            )
     for name in SPECIAL_TOKENS:
         theirs, ours = _generation_token(verifier, name), getattr(drafter.config, name, None)
         if theirs is not None and ours is not None and not _ids(theirs) & _ids(ours):

@@ -37,6 +37,13 @@ class SpecDiffConfig(PreTrainedConfig):
             predicts. The drafter gives probability 0 to every other token, which keeps decoding lossless and makes the
             head (hidden x vocabulary) much cheaper. `None` predicts the whole vocabulary.
         verifier_name_or_path (`str`, *optional*): The verifier this drafter was trained for.
+        verifier_layer_ids (`list[int]`, *optional*): Makes this a *conditioned* drafter: it reads the outputs of
+            these verifier decoder layers (0-based; the last layer is excluded, since transformers returns it after
+            the final norm) instead of re-encoding the prefix from tokens. Their concatenation is fused by one
+            projection into a context vector per committed token; in every drafter layer, the block attends to the
+            keys and values of those context vectors (cached across rounds) and to itself. The block is the last
+            committed token (not yet read by the verifier) followed by the mask tokens. `None`: a standalone drafter.
+        verifier_hidden_size (`int`, *optional*): The verifier's hidden size (required with `verifier_layer_ids`).
     """
 
     model_type = "specdiff"
@@ -63,6 +70,8 @@ class SpecDiffConfig(PreTrainedConfig):
         mask_token_index: int | None = None,
         draft_token_ids: list[int] | None = None,
         verifier_name_or_path: str | None = None,
+        verifier_layer_ids: list[int] | None = None,
+        verifier_hidden_size: int | None = None,
         **kwargs,
     ):
         if unmasking_schedule not in UNMASKING_SCHEDULES:
@@ -101,7 +110,19 @@ class SpecDiffConfig(PreTrainedConfig):
                 raise ValueError("draft_token_ids must be distinct token ids below vocab_size")
         self.draft_token_ids = draft_token_ids
         self.verifier_name_or_path = verifier_name_or_path
+        if verifier_layer_ids is not None:
+            verifier_layer_ids = [int(i) for i in verifier_layer_ids]
+            if not verifier_layer_ids or min(verifier_layer_ids) < 0 or not verifier_hidden_size:
+                raise ValueError("a conditioned drafter needs a non-empty list of verifier_layer_ids (>= 0) and "
+                                 "the verifier_hidden_size")
+        self.verifier_layer_ids = verifier_layer_ids
+        self.verifier_hidden_size = verifier_hidden_size
         super().__init__(**kwargs)
+
+    @property
+    def is_conditioned(self) -> bool:
+        """Whether the drafter reads the verifier's hidden states (`verifier_layer_ids` is set)."""
+        return self.verifier_layer_ids is not None
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):

@@ -104,13 +104,26 @@ class DraftLengthController:
         self.accepted[:num_accepted] += 1
 
 
+def _is_conditioned(drafter) -> bool:
+    return getattr(drafter.config, "verifier_layer_ids", None) is not None
+
+
 class DiffusionCandidateGenerator(CandidateGenerator):
-    """Drafts from a SpecDiff drafter for transformers' assisted-decoding loop (one linear draft per round)."""
+    """Drafts from a SpecDiff drafter for transformers' assisted-decoding loop (one linear draft per round).
+
+    For a conditioned drafter it sets `requires_model_outputs`: the loop then asks the verifier for the hidden states
+    the drafter reads (`model_kwargs_overrides`) and hands them over with the next `get_candidates` call. The first
+    round drafts nothing, so that the verifier reads the prompt first.
+    """
 
     def __init__(self, drafter, generation_config, logits_processor, draft_length: int | None = None,
                  stats: SpecDiffStats | None = None):
         self.drafter = drafter
         self.cache = drafter.new_cache()
+        self.requires_model_outputs = _is_conditioned(drafter)
+        if self.requires_model_outputs:
+            self.model_kwargs_overrides = {"output_hidden_states": drafter.verifier_hidden_states}
+        self._verified: torch.Tensor | None = None  # the sequence the verifier's last forward read the end of
         self.logits_processor = list(logits_processor or [])
         self.do_sample = bool(generation_config.do_sample)
         self.max_length = generation_config.max_length
@@ -118,15 +131,25 @@ class DiffusionCandidateGenerator(CandidateGenerator):
         self.stats = stats if stats is not None else SpecDiffStats()
         self._last_draft_len = 0
 
-    def get_candidates(self, input_ids: torch.LongTensor, **kwargs):
+    def get_candidates(self, input_ids: torch.LongTensor, model_outputs=None, is_first_iteration: bool = False,
+                       **kwargs):
         num_tokens = min(self.controller.next_length(), self.max_length - input_ids.shape[1] - 1)
+        if self.requires_model_outputs:
+            if model_outputs is not None and self._verified is not None:
+                features = self.drafter.select_features(model_outputs.hidden_states)[0]
+                start = self._verified.shape[1] - features.shape[0]
+                self.cache.verifier_features.record(start, self._verified[0, start:], features)
+            if is_first_iteration:
+                num_tokens = 0
         self._last_draft_len = max(num_tokens, 0)
         if num_tokens <= 0:
+            self._verified = input_ids
             return input_ids, None
         ids = input_ids.to(self.drafter.device)
         draft, scores = self.drafter.draft(ids, self.cache, num_tokens, self.logits_processor, self.do_sample)
         self.stats.drafter_forwards += min(num_tokens, self.drafter.config.num_denoising_steps)
-        return torch.cat([input_ids, draft.to(input_ids.device)], dim=1), scores[None].to(input_ids.device)
+        self._verified = torch.cat([input_ids, draft.to(input_ids.device)], dim=1)
+        return self._verified, scores[None].to(input_ids.device)
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         self.stats.record_round(self._last_draft_len, int(num_matches))
@@ -337,6 +360,7 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
     do_sample = bool(generation_config.do_sample)
     controller = DraftLengthController(drafter.config.block_size, draft_length)
     drafter_cache = drafter.new_cache()
+    conditioned = _is_conditioned(drafter)
     output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
     all_scores = []
     dtype = model.dtype
@@ -345,6 +369,8 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
     while True:
         committed = input_ids[:, cache.get_seq_length():]
         num_tokens = min(controller.next_length(), generation_config.max_length - input_ids.shape[1] - 1)
+        if conditioned and not drafter_cache.verifier_features.usable_length(input_ids[0]):
+            num_tokens = 0  # the verifier reads the prompt first
         if num_tokens > 0:
             _, draft_scores = drafter.draft(input_ids.to(drafter.device), drafter_cache, num_tokens, logits_processor,
                                             num_steps=1)
@@ -365,6 +391,7 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1 + len(tree),
+            **({"output_hidden_states": drafter.verifier_hidden_states} if conditioned else {}),
         )
         logits = outputs.logits[0].float()  # [1 + N, V]: last committed token, then nodes
         # Process each row with its own context (committed tokens + the node's path), one batch per depth.
@@ -378,13 +405,19 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
             target_scores[1 + torch.tensor(nodes)] = logits_processor(context, logits[1 + torch.tensor(nodes)])
 
         if do_sample:
-            path, next_token = accept_sampling(tree, target_scores, draft_scores.float().softmax(-1))
+            draft_probs = draft_scores.float().softmax(-1) if len(tree) else None
+            path, next_token = accept_sampling(tree, target_scores, draft_probs)
         else:
             path, next_token = accept_greedy(tree, target_scores)
         stats.record_round(max(num_tokens, 0), len(path))
         if num_tokens > 0:
             controller.update(num_tokens, len(path))
         compact_cache(cache, len(tree), path)
+        if conditioned:  # what the verifier read: the committed tokens and the accepted path
+            features = drafter.select_features(outputs.hidden_states)[0]
+            rows = torch.cat([torch.arange(committed.shape[1]), committed.shape[1] + torch.tensor(path, dtype=torch.long)])
+            read = torch.cat([committed[0], tree_tokens[path]])
+            drafter_cache.verifier_features.record(past, read, features[rows.to(features.device)])
 
         new_tokens = torch.cat([tree_tokens[path], tree_tokens.new_tensor([next_token])])[None]
         start = input_ids.shape[1]

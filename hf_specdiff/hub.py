@@ -64,6 +64,11 @@ def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict
 
     config = json.loads((Path(folder) / "config.json").read_text())
     name = Path(folder).resolve().name
+    layers = config.get("verifier_layer_ids")
+    kind = (f"conditioned: reads the verifier's hidden states at layers {layers} (fused by one projection; the "
+            "draft block attends to them) besides the last committed token" if layers else
+            "standalone: drafts from the committed tokens alone")
+    assistant = "drafter.attach(verifier)" if layers else "drafter"
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", f"base_model: {base_model}",
              f"license: {license}", "datasets:", *[f"  - {d}" for d in datasets], "tags:",
              *[f"  - {t}" for t in ("speculative-decoding", "diffusion", "specdiff", "hf_specdiff", "assistant-model")],
@@ -72,6 +77,7 @@ def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict
              "`assistant_model` (or to `hf_specdiff.generate`) and the verifier checks its drafts, so the output stays "
              "exactly the verifier's (greedy: identical tokens in fp32; sampling: the same distribution). How much "
              "faster it is: see the benchmark below.", "",
+             f"- kind: {kind}",
              f"- body: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, block of "
              f"{config['block_size']} tokens drafted in {config['num_denoising_steps']} denoising step(s)",
              f"- draft vocabulary: {len(config['draft_token_ids']) if config.get('draft_token_ids') else 'full'} of "
@@ -82,7 +88,8 @@ def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict
              f'drafter = AutoModelForCausalLM.from_pretrained("<org>/{name}", trust_remote_code=True)',
              'inputs = tokenizer.apply_chat_template([{"role": "user", "content": "Hi!"}], add_generation_prompt=True,',
              '                                       return_tensors="pt", return_dict=True)',
-             "out = verifier.generate(**inputs, assistant_model=drafter, max_new_tokens=256)",
+             f"out = verifier.generate(**inputs, assistant_model={assistant}, max_new_tokens=256)",
+             *(["drafter.detach()  # removes the hooks that record the verifier's hidden states"] if layers else []),
              "# SpecDiff-2 self-selection (K drafts verified as one tree): pip install hf_specdiff",
              "# import hf_specdiff; out = hf_specdiff.generate(verifier, drafter, **inputs, num_drafts=4)", "```", ""]
     if bench is not None:

@@ -5,6 +5,10 @@ token. Attention follows an explicit boolean mask, so one forward can mix a caus
 draft block (inference) or a clean copy of a sequence with its noised copy (training). `generate()` is the
 drafting round that transformers' assisted generation calls (`model.generate(..., assistant_model=drafter)`).
 
+A conditioned drafter (`config.verifier_layer_ids`) replaces the encoded prefix by the verifier's own hidden states:
+each layer projects them to keys and values the block attends to. `drafter.attach(verifier)` records them with
+forward hooks for the plain `assistant_model=` path.
+
 This file ships to the Hub as remote code: it imports only torch and transformers.
 """
 
@@ -25,7 +29,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_specdiff import SpecDiffConfig
-from .generation_specdiff import SpecDiffCache, draft_block
+from .generation_specdiff import SpecDiffCache, VerifierFeatures, VerifierHooks, draft_block
 
 
 class SpecDiffRMSNorm(nn.Module):
@@ -66,7 +70,11 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class SpecDiffAttention(nn.Module):
-    """Grouped-query attention under an explicit boolean mask, reading and extending the prefix cache."""
+    """Grouped-query attention under an explicit boolean mask, reading and extending the prefix cache.
+
+    With `context` (a conditioned drafter's projected verifier features), the keys and values of the context rows
+    come first and the queries are the inputs' only; `cos`/`sin` then cover context + inputs.
+    """
 
     def __init__(self, config: SpecDiffConfig, layer_idx: int):
         super().__init__()
@@ -79,12 +87,14 @@ class SpecDiffAttention(nn.Module):
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
 
-    def forward(self, hidden, cos, sin, attention_mask, cache: SpecDiffCache | None, num_prefix_tokens: int):
+    def forward(self, hidden, cos, sin, attention_mask, cache: SpecDiffCache | None, num_prefix_tokens: int,
+                context: torch.Tensor | None = None):
         batch, seq, _ = hidden.shape
+        kv_input = hidden if context is None else torch.cat([context, hidden], dim=1)
         q = self.q_proj(hidden).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(hidden).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(hidden).view(batch, seq, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        k = self.k_proj(kv_input).view(batch, kv_input.shape[1], self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(kv_input).view(batch, kv_input.shape[1], self.num_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos[:, -seq:], sin[:, -seq:]), apply_rotary(k, cos, sin)
         past = cache.layer(self.layer_idx) if cache is not None else None
         keys, values = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
         if cache is not None and num_prefix_tokens:
@@ -114,8 +124,9 @@ class SpecDiffDecoderLayer(nn.Module):
         self.post_attention_layernorm = SpecDiffRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = SpecDiffMLP(config)
 
-    def forward(self, hidden, cos, sin, attention_mask, cache, num_prefix_tokens):
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention_mask, cache, num_prefix_tokens)
+    def forward(self, hidden, cos, sin, attention_mask, cache, num_prefix_tokens, context=None):
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), cos, sin, attention_mask, cache,
+                                         num_prefix_tokens, context)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -135,11 +146,16 @@ class SpecDiffPreTrainedModel(PreTrainedModel):
 
 
 class SpecDiffModel(SpecDiffPreTrainedModel):
-    """The transformer body: embeddings (vocabulary + mask token), decoder layers and the final norm."""
+    """The transformer body: embeddings (vocabulary + mask token), decoder layers and the final norm; for a
+    conditioned drafter also the projection that fuses the verifier's layers into one context vector per token."""
 
     def __init__(self, config: SpecDiffConfig):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size + 1, config.hidden_size)
+        if config.is_conditioned:
+            width = len(config.verifier_layer_ids) * config.verifier_hidden_size
+            self.context_proj = nn.Linear(width, config.hidden_size, bias=False)
+            self.context_norm = SpecDiffRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.layers = nn.ModuleList(SpecDiffDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = SpecDiffRMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = SpecDiffRotaryEmbedding(config)
@@ -151,19 +167,34 @@ class SpecDiffModel(SpecDiffPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, num_prefix_tokens=0):
+    def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, num_prefix_tokens=0,
+                verifier_features=None):
         hidden = self.embed_tokens(input_ids)
+        context = None
+        if self.config.is_conditioned:
+            if verifier_features is None:
+                raise ValueError(_NEEDS_VERIFIER)
+            context = self.context_norm(self.context_proj(verifier_features.to(self.context_proj.weight.dtype)))
+            num_prefix_tokens = context.shape[1]
+        num_inputs = num_prefix_tokens if context is not None else 0
         if position_ids is None:
             start = past_key_values.get_seq_length() - past_key_values.offset if past_key_values is not None else 0
-            position_ids = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)[None]
-        if attention_mask is None:  # causal over the input, after the whole cache
+            position_ids = torch.arange(start, start + num_inputs + input_ids.shape[1], device=input_ids.device)[None]
+        if attention_mask is None and context is None:  # causal over the input, after the whole cache
             past = position_ids.shape[1] and int(position_ids[0, 0])
             attention_mask = torch.ones(input_ids.shape[1], past + input_ids.shape[1], dtype=torch.bool,
                                         device=input_ids.device).tril(past)[None, None]
         cos, sin = self.rotary_emb(hidden, position_ids)
         for layer in self.layers:
-            hidden = layer(hidden, cos, sin, attention_mask, past_key_values, num_prefix_tokens)
+            hidden = layer(hidden, cos, sin, attention_mask, past_key_values, num_prefix_tokens, context)
         return self.norm(hidden)
+
+
+_NEEDS_VERIFIER = (
+    "This SpecDiff drafter is conditioned on the verifier's hidden states (config.verifier_layer_ids), so it cannot "
+    "draft from tokens alone. Use hf_specdiff.generate(verifier, drafter, ...), or "
+    "verifier.generate(..., assistant_model=drafter.attach(verifier))."
+)
 
 
 class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
@@ -180,6 +211,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         head_size = len(config.draft_token_ids) if config.draft_token_ids is not None else config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, head_size, bias=False)
         self._draft_ids: torch.Tensor | None = None
+        self._hooks: VerifierHooks | None = None
         self.post_init()
         self.generation_config.num_assistant_tokens = config.block_size
         self.generation_config.num_assistant_tokens_schedule = "constant"
@@ -229,11 +261,16 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         num_prefix_tokens: int = 0,
         logits_to_keep: int = 0,
         head_logits: bool = False,
+        verifier_features: torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Logits [batch, seq, vocab_size] over the verifier's vocabulary for every input position.
 
         Args:
+            verifier_features: conditioned drafters only: [batch, n, len(verifier_layer_ids) * verifier_hidden_size],
+                the verifier's layer outputs at the n context positions that come before the inputs (their keys and
+                values are appended to the cache). `position_ids` and `attention_mask` then cover context + inputs
+                as keys; `attention_mask=None` lets every input attend to everything.
             attention_mask: boolean [batch or 1, 1, seq, cached + seq], True where a query may attend. `None` means
                 causal attention over the inputs (after the whole cache).
             past_key_values: the prefix cache. The keys and values of the first `num_prefix_tokens` inputs are
@@ -241,7 +278,8 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             logits_to_keep: if > 0, compute logits for the last `logits_to_keep` positions only.
             head_logits: return the head's logits as they are (over the draft vocabulary when it is reduced).
         """
-        hidden = self.model(input_ids, position_ids, attention_mask, past_key_values, num_prefix_tokens)
+        hidden = self.model(input_ids, position_ids, attention_mask, past_key_values, num_prefix_tokens,
+                            verifier_features)
         if logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         logits = self.lm_head(hidden)
@@ -267,6 +305,43 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                 f"Token id {int(input_ids.max())} is outside the drafter's vocabulary ({self.config.vocab_size}): "
                 "the drafter was made for another tokenizer. Use a drafter trained for this verifier."
             )
+
+    @property
+    def verifier_hidden_states(self) -> list[int]:
+        """Indices into the verifier's `hidden_states` output this drafter reads (`output_hidden_states=` value)."""
+        return [i + 1 for i in self.config.verifier_layer_ids]
+
+    def select_features(self, hidden_states) -> torch.Tensor:
+        """The features [batch, seq, F] a conditioned drafter reads, from a verifier output's `hidden_states`."""
+        return torch.cat([hidden_states[i] for i in self.verifier_hidden_states], dim=-1)
+
+    def attach(self, verifier) -> "SpecDiffDrafter":
+        """Hook this conditioned drafter onto `verifier` for `verifier.generate(..., assistant_model=drafter)`.
+
+        Forward hooks on the verifier record its hidden states at `config.verifier_layer_ids` after every
+        single-sequence forward; they change no output, so the verifier can still be used without the drafter.
+        `detach()` removes them. Returns the drafter. Standalone drafters need no attaching (it is a no-op).
+        """
+        if not self.config.is_conditioned:
+            return self
+        from_verifier = verifier.config.get_text_config()
+        if from_verifier.hidden_size != self.config.verifier_hidden_size or \
+                max(self.config.verifier_layer_ids) >= from_verifier.num_hidden_layers - 1:
+            raise ValueError(
+                f"This drafter reads verifier layers {self.config.verifier_layer_ids} of width "
+                f"{self.config.verifier_hidden_size}; {type(verifier).__name__} has {from_verifier.num_hidden_layers} "
+                f"layers of width {from_verifier.hidden_size}. Use a drafter trained for this verifier."
+            )
+        self.detach()
+        self._hooks = VerifierHooks(verifier, self.config.verifier_layer_ids, VerifierFeatures())
+        return self
+
+    def detach(self) -> "SpecDiffDrafter":
+        """Remove the hooks `attach` put on the verifier."""
+        if self._hooks is not None:
+            self._hooks.remove()
+            self._hooks = None
+        return self
 
     def new_cache(self) -> SpecDiffCache:
         """An empty prefix cache for one generation."""
@@ -324,6 +399,10 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             past_key_values = SpecDiffCache()
         elif not isinstance(past_key_values, SpecDiffCache):
             raise TypeError(f"past_key_values must be the SpecDiffCache this drafter returned, got {type(past_key_values)}")
+        if self.config.is_conditioned:
+            if self._hooks is None:
+                raise ValueError(_NEEDS_VERIFIER)
+            past_key_values.verifier_features = self._hooks.features
         if logits_processor is None:
             logits_processor = _sampling_processors(generation_config)
         draft, scores = self.draft(input_ids, past_key_values, num_tokens, logits_processor,

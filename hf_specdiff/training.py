@@ -42,6 +42,9 @@ class TrainConfig:
     objective: str = field(default="ce-streak", metadata={"help": f"one of {OBJECTIVES}; plain streak vanishes from "
                                                                   "scratch (its gradient scales with prod q): use it "
                                                                   "to fine-tune a trained drafter"})
+    verifier_layers: str = field(default="", metadata={"help": "make a conditioned drafter that reads these verifier "
+                                                                 "layers: 'auto' (3 spread over depth) or a list "
+                                                                 "like '1,14,28'; empty: a standalone drafter"})
     mdlm_weight: float = field(default=0.0, metadata={"help": "weight of an added mdlm term (random masking)"})
     kl_weight: float = field(default=0.0, metadata={"help": "weight of KL(verifier || drafter) on masked positions"})
     init: str = field(default="from-verifier", metadata={"help": "random, or from-verifier (embeddings and head)"})
@@ -138,6 +141,9 @@ def build_drafter(config: TrainConfig, verifier, rows: list[dict]):
         num_denoising_steps=config.num_denoising_steps, draft_token_ids=draft_ids,
         max_position_embeddings=max(2048, config.seq_len + config.block_size),
         verifier_name_or_path=config.verifier,
+        conditioned=bool(config.verifier_layers),
+        **({"verifier_layer_ids": [int(i) for i in config.verifier_layers.split(",")]}
+           if config.verifier_layers not in ("", "auto") else {}),
     )
     drafter = SpecDiffDrafter(drafter_config)
     if config.init == "from-verifier":
@@ -207,8 +213,10 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
         targets = clean[:, 1:].masked_fill(~valid[:, 1:], -100)
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
     mask_index = drafter.config.mask_token_index
-    batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator)
-    logits = block_logits(model, batch)
+    conditioned = drafter.config.is_conditioned
+    features = verifier_features(verifier, drafter, clean, valid) if conditioned else None
+    batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator, conditioned)
+    logits = block_logits(model, batch, features)
     targets = drafter.to_draft_vocab(batch.targets)
     targets = targets.masked_fill(~valid[:, batch.block_slice].reshape(targets.shape), -1)
     if config.objective == "streak":
@@ -216,11 +224,11 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
     elif config.objective == "ce-streak":
         loss = ce_streak_loss(logits, targets)
     elif config.objective == "mdlm":
-        loss = _mdlm(model, drafter, clean, valid, config, generator)
+        loss = _mdlm(model, drafter, clean, valid, config, generator, features)
     else:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {config.objective!r}")
     if config.mdlm_weight and config.objective != "mdlm":
-        loss = loss + config.mdlm_weight * _mdlm(model, drafter, clean, valid, config, generator)
+        loss = loss + config.mdlm_weight * _mdlm(model, drafter, clean, valid, config, generator, features)
     if config.kl_weight:
         with torch.no_grad():
             verifier_logits = verifier(clean, attention_mask=valid.long()).logits
@@ -233,21 +241,34 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
     return loss
 
 
-def _mdlm(model, drafter, clean, valid, config, generator):
-    batch = make_block_diffusion_batch(clean, config.block_size, drafter.config.mask_token_index, "random", generator)
+def _mdlm(model, drafter, clean, valid, config, generator, features=None):
+    batch = make_block_diffusion_batch(clean, config.block_size, drafter.config.mask_token_index, "random", generator,
+                                       drafter.config.is_conditioned)
     targets = drafter.to_draft_vocab(batch.targets)
     targets = targets.masked_fill(~valid[:, batch.block_slice].reshape(targets.shape), -1)
-    return mdlm_loss(block_logits(model, batch), targets, batch.masked, batch.mask_ratio)
+    return mdlm_loss(block_logits(model, batch, features), targets, batch.masked, batch.mask_ratio)
 
 
 @torch.no_grad()
-def held_out_metrics(drafter, windows: tuple[torch.Tensor, torch.Tensor], block_size: int) -> dict:
+def verifier_features(verifier, drafter, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """What a conditioned drafter reads, by teacher forcing the verifier on `ids` [B, L]: [B, L, F]."""
+    if verifier is None:
+        raise ValueError("a conditioned drafter trains on the verifier's hidden states: pass the verifier")
+    outputs = verifier(input_ids=ids, attention_mask=valid.long(), output_hidden_states=drafter.verifier_hidden_states)
+    return drafter.select_features(outputs.hidden_states)
+
+
+@torch.no_grad()
+def held_out_metrics(drafter, windows: tuple[torch.Tensor, torch.Tensor], block_size: int, verifier=None) -> dict:
     """One-step (T=1) drafting quality on held-out windows: greedy acceptance by position, the greedy accepted
-    streak (tau - 1 under greedy verification) and the expected streak under speculative sampling."""
+    streak (tau - 1 under greedy verification) and the expected streak under speculative sampling. A conditioned
+    drafter needs the `verifier`."""
     clean, valid = windows
+    conditioned = drafter.config.is_conditioned
     batch = make_block_diffusion_batch(clean, block_size, drafter.config.mask_token_index, "full",
-                                       torch.Generator().manual_seed(0))
-    logits = block_logits(drafter, batch).float()
+                                       torch.Generator().manual_seed(0), conditioned)
+    features = verifier_features(verifier, drafter, clean, valid) if conditioned else None
+    logits = block_logits(drafter, batch, features).float()
     targets = drafter.to_draft_vocab(batch.targets)
     block_valid = valid[:, batch.block_slice].reshape(targets.shape).all(-1)
     logits, targets = logits[block_valid], targets[block_valid]
@@ -324,9 +345,11 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
     else:
         drafter = build_drafter(config, verifier, train_rows)
         start = 0
-    if not config.kl_weight:
+    if not config.kl_weight and not config.verifier_layers:
         del verifier
         verifier = None
+    elif config.precision == "bf16":
+        verifier.to(torch.bfloat16)  # it only gives targets or features: half the cost
     drafter.train()
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.max_steps)
@@ -366,7 +389,7 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
         if eval_windows is not None and config.kind == "diffusion" and (done % config.eval_every == 0
                                                                          or done == config.max_steps):
             model.eval()
-            record.update(held_out_metrics(drafter, eval_windows, config.block_size))
+            record.update(held_out_metrics(drafter, eval_windows, config.block_size, verifier))
             model.train()
         if log is not None and (done % config.log_every == 0 or "greedy_streak" in record):
             log.write(json.dumps(record) + "\n")
@@ -401,6 +424,11 @@ def _machine(accelerator) -> str:
 def _validate(config: TrainConfig):
     if config.kind not in ("diffusion", "ar"):
         raise ValueError(f"kind must be diffusion or ar, got {config.kind!r}")
+    if config.kind == "ar" and config.verifier_layers:
+        raise ValueError("verifier_layers makes a conditioned diffusion drafter: it does not apply to kind=ar")
+    if config.verifier_layers not in ("", "auto") and not all(
+            part.strip().isdigit() for part in config.verifier_layers.split(",")):
+        raise ValueError(f"verifier_layers must be empty, 'auto' or a list like '1,14,28', got {config.verifier_layers!r}")
     if config.objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {config.objective!r}")
     if config.noise not in NOISE_MODES:

@@ -7,6 +7,7 @@ from hf_specdiff import SpecDiffDrafter
 from hf_specdiff.block_diffusion import block_logits, make_block_diffusion_batch
 from hf_specdiff.compat import drafter_config_for
 from hf_specdiff.objectives import ce_streak_loss
+from hf_specdiff.training import verifier_features
 
 SPECIAL = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 ARCHS = ("llama", "qwen2", "gpt2")
@@ -52,15 +53,20 @@ def sampled_sequences(verifier, prompt: torch.Tensor, num: int, max_new_tokens: 
                                  do_sample=True, top_k=None, eos_token_id=None)
 
 
-def train_briefly(drafter, sequences: torch.Tensor, steps: int = 150, lr: float = 3e-3, noise: str = "full"):
-    """A few hundred steps of streak-weighted cross-entropy on `sequences` [n, L]."""
+def train_briefly(drafter, sequences: torch.Tensor, steps: int = 150, lr: float = 3e-3, noise: str = "full",
+                  verifier=None):
+    """A few hundred steps of streak-weighted cross-entropy on `sequences` [n, L] (a conditioned drafter also
+    needs the `verifier`, whose features it reads)."""
+    features = None
+    if drafter.config.is_conditioned:
+        features = verifier_features(verifier, drafter, sequences, torch.ones_like(sequences, dtype=torch.bool))
     drafter.train()
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
         batch = make_block_diffusion_batch(sequences, drafter.config.block_size, drafter.config.mask_token_index,
-                                           noise, generator)
-        loss = ce_streak_loss(block_logits(drafter, batch), drafter.to_draft_vocab(batch.targets))
+                                           noise, generator, drafter.config.is_conditioned)
+        loss = ce_streak_loss(block_logits(drafter, batch, features), drafter.to_draft_vocab(batch.targets))
         opt.zero_grad()
         loss.backward()
         opt.step()

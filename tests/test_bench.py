@@ -19,10 +19,12 @@ def test_bench_runs_every_method_and_writes_results(tmp_path):
     verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
     drafter = train_briefly(tiny_drafter(verifier, block_size=8),
                             greedy_sequences(verifier, torch.randint(4, 96, (16, 5)), 40), steps=80)
+    conditioned = tiny_drafter(verifier, block_size=8, conditioned=True)
     summary = benchmark(verifier, tokenizer, prompts, drafter=drafter, mdlm_drafter=tiny_drafter(verifier),
-                        ar_drafter=tiny_verifier("llama", seed=1), num_drafts=(1, 4), max_new_tokens=24,
-                        progress=False)
-    methods = ["plain", "prompt lookup", "AR drafter", "SpecDiff (mdlm, K=1)", "SpecDiff-2 (K=1)", "SpecDiff-2 (K=4)"]
+                        ar_drafter=tiny_verifier("llama", seed=1), conditioned_drafter=conditioned, num_drafts=(1, 4),
+                        max_new_tokens=24, progress=False)
+    methods = ["plain", "prompt lookup", "AR drafter", "SpecDiff (mdlm, K=1)", "SpecDiff-2 (K=1)", "SpecDiff-2 (K=4)",
+               "SpecDiff-2 conditioned (K=1)", "SpecDiff-2 conditioned (K=4)"]
     assert summary["methods"] == methods
     assert set(summary["results"]) == {"math", "qa", "overall"}
     overall = summary["results"]["overall"]
@@ -31,9 +33,13 @@ def test_bench_runs_every_method_and_writes_results(tmp_path):
         assert overall[method]["prompts"] == 4 and overall[method]["tok_s"] > 0
     assert overall["plain"]["tau"] == 1.0 and overall["plain"]["speedup"] == 1.0
     assert overall["SpecDiff-2 (K=1)"]["acceptance_by_position"]
+    for method in methods[2:]:  # each drafter's cost was timed beside the verifier's
+        assert 0 < overall[method]["drafter_ms_per_forward"] and 0 < overall[method]["drafter_cost"]
+    assert overall["plain"]["drafter_cost"] is None
     # methods are interleaved prompt by prompt
     assert [r["method"] for r in summary["records"][: len(methods)]] == methods
     out = save(summary, tmp_path / "results")
     for name in ("results.json", "results.md", "speedup_by_category.png", "acceptance_by_position.png"):
         assert (out / name).stat().st_size > 0
     assert "| overall |" in (out / "results.md").read_text()
+    assert "drafter forward: AR drafter" in (out / "results.md").read_text()

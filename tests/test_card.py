@@ -41,3 +41,16 @@ def test_validation_catches_a_broken_folder(tmp_path):
     problems = validate_model_folder(folder)
     assert "generation_config.json: assistant_confidence_threshold must be 0" in problems
     assert "README.md: metadata lacks base_model" in problems
+
+
+def test_card_of_a_conditioned_drafter_says_so_and_attaches(tmp_path):
+    from hf_specdiff.hub import render_card
+
+    folder = tmp_path / "specdiff-cond"
+    tiny_drafter(tiny_verifier("llama"), conditioned=True).save_pretrained(folder)
+    card = render_card(folder, "org/tiny")
+    assert "kind: conditioned: reads the verifier's hidden states at layers [0]" in card
+    assert "assistant_model=drafter.attach(verifier)" in card and "drafter.detach()" in card
+    standalone = tmp_path / "specdiff-alone"
+    tiny_drafter(tiny_verifier("llama")).save_pretrained(standalone)
+    assert "kind: standalone" in render_card(standalone, "org/tiny")

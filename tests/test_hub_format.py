@@ -62,6 +62,30 @@ def test_fresh_process_loads_with_trust_remote_code(saved, tmp_path):
     assert torch.equal(got["draft"], expected_draft)
 
 
+def test_conditioned_drafter_attaches_from_remote_code(tmp_path):
+    """A conditioned drafter loaded as remote code (no hf_specdiff) drafts through `assistant_model=drafter.attach`."""
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8, conditioned=True)
+    train_briefly(drafter, greedy_sequences(verifier, torch.randint(3, 96, (8, 6)), 30), steps=60, verifier=verifier)
+    verifier.save_pretrained(tmp_path / "verifier")
+    drafter.save_pretrained(tmp_path / "drafter")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.modules["hf_specdiff"] = None
+        from transformers import AutoModelForCausalLM
+        verifier = AutoModelForCausalLM.from_pretrained({str(tmp_path / "verifier")!r}).eval()
+        drafter = AutoModelForCausalLM.from_pretrained({str(tmp_path / "drafter")!r}, trust_remote_code=True).eval()
+        kwargs = dict(max_new_tokens=24, do_sample=False, eos_token_id=None)
+        plain = verifier.generate(torch.tensor({INPUT.tolist()}), **kwargs)
+        calls = []
+        drafter.register_forward_pre_hook(lambda *_: calls.append(1))
+        fast = verifier.generate(torch.tensor({INPUT.tolist()}), assistant_model=drafter.attach(verifier), **kwargs)
+        drafter.detach()
+        assert fast.tolist() == plain.tolist() and len(calls) > 1, (fast, plain, calls)
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+
+
 def test_import_registers_auto_classes(saved):
     drafter, path = saved
     loaded = AutoModelForCausalLM.from_pretrained(path)  # no trust_remote_code: the installed code is used

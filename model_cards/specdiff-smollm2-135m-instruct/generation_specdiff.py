@@ -5,6 +5,10 @@ keys and values appended to the cache) together with a block of mask tokens (bid
 the block), then fills the block in T denoising steps. Step 1 is one forward over the new tokens plus the
 block; steps 2..T are one forward over the block alone. Nothing is recomputed over the cached prefix.
 
+A conditioned drafter (`config.verifier_layer_ids`) encodes no prefix tokens: its cache holds keys and values of
+the verifier's hidden states at the committed tokens (`VerifierFeatures`, filled from the verifier's outputs or by
+`VerifierHooks`), and its block is the last committed token (which the verifier has not read yet) plus the masks.
+
 Lossless sampling rules. Speculative sampling accepts draft token i with probability min(1, p_i/q_i), which is
 exact when token i was drawn from q_i and q_i depends only on the prefix and on draft tokens < i. So:
 - `scores[i]` are the processed logits of the step at which token i was drawn, and token i was drawn from them;
@@ -36,6 +40,7 @@ class SpecDiffCache:
         self.token_ids: torch.Tensor | None = None  # [n] ids of the cached tokens
         self.offset = 0
         self.tokens_encoded = 0  # prefix tokens encoded over the cache's life: the drafting cost beyond the blocks
+        self.verifier_features = VerifierFeatures()  # what a conditioned drafter reads (unused by a standalone one)
 
     @property
     def num_cached(self) -> int:
@@ -93,6 +98,97 @@ class SpecDiffCache:
         return new_ids
 
 
+class VerifierFeatures:
+    """The verifier's hidden states at the layers a conditioned drafter reads, one row per token it has read.
+
+    `record(start, token_ids, features)` stores one verifier forward's inputs from absolute position `start`,
+    dropping what was recorded from there on (rejected draft tokens, or another sequence). A verifier is causal, so
+    the rows are valid for any sequence that starts with `token_ids`: `usable_length` is that common prefix.
+    """
+
+    def __init__(self):
+        self.token_ids: torch.Tensor | None = None  # [n]
+        self.features: torch.Tensor | None = None  # [n, num_layers * verifier_hidden_size]
+
+    def __len__(self) -> int:
+        return 0 if self.token_ids is None else self.token_ids.shape[0]
+
+    def reset(self):
+        self.token_ids = self.features = None
+
+    def record(self, start: int, token_ids: torch.Tensor, features: torch.Tensor):
+        if start > len(self):  # positions before `start` are unknown: keep nothing
+            self.reset()
+            return
+        if start == 0 or self.token_ids is None:
+            self.token_ids, self.features = token_ids.clone(), features.detach().clone()
+            return
+        device = self.token_ids.device
+        self.token_ids = torch.cat([self.token_ids[:start], token_ids.to(device)])
+        self.features = torch.cat([self.features[:start], features.detach().to(self.features)])
+
+    def usable_length(self, input_ids: torch.Tensor) -> int:
+        """How many leading tokens of `input_ids` ([seq]) have recorded features."""
+        length = min(len(self), input_ids.shape[0])
+        if not length:
+            return 0
+        same = self.token_ids[:length] == input_ids[:length].to(self.token_ids.device)
+        return int(same.long().cumprod(0).sum())
+
+
+def decoder_layers(model) -> torch.nn.ModuleList:
+    """The verifier's decoder layers: its first module list with one entry per hidden layer."""
+    num_layers = model.config.get_text_config().num_hidden_layers
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == num_layers:
+            return module
+    raise ValueError(f"cannot find the {num_layers} decoder layers of {type(model).__name__}")
+
+
+class VerifierHooks:
+    """Forward hooks that record, after each single-sequence verifier forward, the outputs of `layer_ids` into
+    `features` (positions from the verifier cache's length before the call). They change no output; `remove()`
+    takes them off. Batched or `inputs_embeds` forwards clear the store instead (a drafter drafts for one sequence).
+    """
+
+    def __init__(self, verifier, layer_ids: list[int], features: VerifierFeatures):
+        self.features = features
+        self.layer_ids = list(layer_ids)
+        self._outputs: dict[int, torch.Tensor] = {}
+        self._call: tuple[int, torch.Tensor | None] | None = None
+        layers = decoder_layers(verifier)
+        self.handles = [verifier.register_forward_pre_hook(self._before, with_kwargs=True),
+                        verifier.register_forward_hook(self._after)]
+        self.handles += [layers[i].register_forward_hook(self._capture(i)) for i in self.layer_ids]
+
+    def _before(self, module, args, kwargs):
+        input_ids = kwargs.get("input_ids", args[0] if args else None)
+        cache = kwargs.get("past_key_values")
+        start = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
+        self._call = (start, input_ids)
+        self._outputs.clear()
+
+    def _capture(self, index: int):
+        def hook(module, args, output):
+            self._outputs[index] = (output[0] if isinstance(output, tuple) else output).detach()
+        return hook
+
+    def _after(self, module, args, output):
+        start, input_ids = self._call or (0, None)
+        if input_ids is None or input_ids.shape[0] != 1 or len(self._outputs) != len(self.layer_ids):
+            self.features.reset()
+        else:
+            features = torch.cat([self._outputs[i][0] for i in self.layer_ids], dim=-1)
+            self.features.record(start, input_ids[0], features)
+        self._outputs.clear()
+        self._call = None
+
+    def remove(self):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
 def unmasking_chunks(num_tokens: int, num_steps: int) -> list[int]:
     """How many positions each denoising step unmasks: `num_tokens` split into at most `num_steps` near-equal chunks."""
     steps = min(num_steps, num_tokens)
@@ -139,30 +235,16 @@ def draft_block(
     """
     config = model.config
     device = input_ids.device
-    window = config.max_position_embeddings - config.block_size
-    new_ids = cache.sync(input_ids[0], window, config.block_size)
-    start = cache.get_seq_length() - cache.offset  # position of the first block token, relative to the window
+    step_forward = (_conditioned_forward if config.is_conditioned else _standalone_forward)(
+        model, input_ids, cache, num_tokens)
     block = torch.full((1, num_tokens), config.mask_token_index, dtype=torch.long, device=device)
-    block_positions = torch.arange(start, start + num_tokens, device=device)
     decided = torch.zeros(num_tokens, dtype=torch.bool, device=device)
     scores = torch.empty(num_tokens, config.vocab_size, dtype=torch.float32, device=device)
     if do_sample and schedule == "confidence":
         schedule = "left_to_right"  # confidence order depends on sampled values: biased for sampling
 
     for step, chunk in enumerate(unmasking_chunks(num_tokens, num_steps)):
-        num_new = new_ids.shape[0] if step == 0 else 0
-        query = torch.cat([new_ids[None], block], dim=1) if num_new else block
-        positions = torch.cat([torch.arange(start - num_new, start, device=device), block_positions])
-        mask = block_attention_mask(num_new, start - num_new, num_tokens, device)
-        logits = model(
-            input_ids=query,
-            position_ids=positions[None],
-            attention_mask=mask,
-            past_key_values=cache,
-            num_prefix_tokens=num_new,
-            logits_to_keep=num_tokens,
-        ).logits[0].float()
-
+        logits = step_forward(block, step == 0)
         if schedule == "confidence":
             confidence = logits.max(-1).values.masked_fill(decided, float("-inf"))
             positions_now = confidence.topk(chunk).indices.sort().values
@@ -178,4 +260,64 @@ def draft_block(
     return block, scores
 
 
-__all__ = ["SpecDiffCache", "unmasking_chunks", "block_attention_mask", "select_tokens", "draft_block"]
+def _standalone_forward(model, input_ids, cache, num_tokens):
+    """One denoising forward of a standalone drafter: the first step also encodes the uncached prefix tokens."""
+    config = model.config
+    device = input_ids.device
+    new_ids = cache.sync(input_ids[0], config.max_position_embeddings - config.block_size, config.block_size)
+    start = cache.get_seq_length() - cache.offset  # position of the first block token, relative to the window
+    block_positions = torch.arange(start, start + num_tokens, device=device)
+
+    def forward(block, first):
+        num_new = new_ids.shape[0] if first else 0
+        query = torch.cat([new_ids[None], block], dim=1) if num_new else block
+        positions = torch.cat([torch.arange(start - num_new, start, device=device), block_positions])
+        return model(
+            input_ids=query,
+            position_ids=positions[None],
+            attention_mask=block_attention_mask(num_new, start - num_new, num_tokens, device),
+            past_key_values=cache,
+            num_prefix_tokens=num_new,
+            logits_to_keep=num_tokens,
+        ).logits[0].float()
+
+    return forward
+
+
+def _conditioned_forward(model, input_ids, cache, num_tokens):
+    """One denoising forward of a conditioned drafter.
+
+    The context is the verifier's features at the committed tokens it has read, except the last token (the anchor,
+    which opens the block); the first step caches the context rows not cached yet. Tokens without features (only
+    on a first round, before the verifier has read the prompt) join the anchor, at most `block_size` of them.
+    """
+    config = model.config
+    device = input_ids.device
+    store = cache.verifier_features
+    length = input_ids.shape[1]
+    read = min(store.usable_length(input_ids[0]), length - 1)
+    new_ids = cache.sync(input_ids[0, :read], config.max_position_embeddings - config.block_size - 1, config.block_size)
+    num_new = new_ids.shape[0]
+    width = len(config.verifier_layer_ids) * config.verifier_hidden_size
+    features = store.features[read - num_new : read] if num_new else torch.zeros(0, width)
+    features = features.to(device)[None]
+    first_anchor = max(read, length - config.block_size)
+    anchors = input_ids[:, first_anchor:]
+    context_positions = torch.arange(read - num_new, read, device=device) - cache.offset
+    query_positions = torch.cat([torch.arange(first_anchor, length, device=device),
+                                 torch.arange(length, length + num_tokens, device=device)]) - cache.offset
+
+    def forward(block, first):
+        positions = torch.cat([context_positions, query_positions]) if first and num_new else query_positions
+        return model(
+            input_ids=torch.cat([anchors, block], dim=1),
+            verifier_features=features if first else features[:, :0],
+            position_ids=positions[None],
+            past_key_values=cache,
+            logits_to_keep=num_tokens,
+        ).logits[0].float()
+
+    return forward
+
+
+__all__ = ["SpecDiffCache", "VerifierFeatures", "VerifierHooks", "decoder_layers", "unmasking_chunks", "block_attention_mask", "select_tokens", "draft_block"]
