@@ -32,7 +32,9 @@ def main():
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     verifier, tokenizer = load_verifier(args.verifier, dtype=dtype)
     drafter = AutoModelForCausalLM.from_pretrained(args.drafter, dtype=dtype, trust_remote_code=True).eval()
-    summary = benchmark(verifier, tokenizer, read_spec_bench(args.prompts, args.per_category), drafter=drafter,
+    conditioned = getattr(drafter.config, "verifier_layer_ids", None) is not None
+    summary = benchmark(verifier, tokenizer, read_spec_bench(args.prompts, args.per_category),
+                        drafter=None if conditioned else drafter, conditioned_drafter=drafter if conditioned else None,
                         num_drafts=(1, 4), max_new_tokens=args.max_new_tokens)
     print(markdown_table(summary))
     save(summary, args.out)

@@ -24,7 +24,10 @@ def main():
     messages = [{"role": "user", "content": args.prompt}]
     kwargs = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     plain = pipeline("text-generation", model=verifier, tokenizer=tokenizer)(messages, **kwargs)
-    fast = pipeline("text-generation", model=verifier, tokenizer=tokenizer, assistant_model=drafter)(messages, **kwargs)
+    # `attach` lets a conditioned drafter read the verifier's hidden states; a standalone drafter ignores it.
+    fast = pipeline("text-generation", model=verifier, tokenizer=tokenizer,
+                    assistant_model=drafter.attach(verifier))(messages, **kwargs)
+    drafter.detach()
     print(fast[0]["generated_text"][-1]["content"])
     print(f"\nidentical to the plain pipeline: {fast[0]['generated_text'] == plain[0]['generated_text']}")
 

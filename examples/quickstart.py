@@ -48,8 +48,11 @@ def main():
     calls = []
     hook = verifier.register_forward_pre_hook(lambda *_: calls.append(1))
     start = time.perf_counter()
-    assisted = verifier.generate(**inputs, assistant_model=drafter, **kwargs)  # the drop-in path
+    # The drop-in path. `attach` lets a conditioned drafter read the verifier's hidden states (forward hooks);
+    # for a standalone drafter it does nothing.
+    assisted = verifier.generate(**inputs, assistant_model=drafter.attach(verifier), **kwargs)
     assisted_s = time.perf_counter() - start
+    drafter.detach()
     hook.remove()
 
     new = assisted.shape[1] - inputs["input_ids"].shape[1]

@@ -2,7 +2,8 @@
 
     python examples/train_drafter.py --verifier PATH --prompts prompts.jsonl --out runs/my-drafter --steps 2000
 
-1. sample verifier trajectories on your prompts (resumable), 2. train with the ce-streak objective,
+1. sample verifier trajectories on your prompts (resumable), 2. train with the ce-streak objective (a drafter
+conditioned on the verifier's hidden states by default; `--verifier-layers ''` for a standalone one),
 3. report tau and acceptance by position on held-out prompts.
 """
 
@@ -30,6 +31,8 @@ def main():
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--hidden-size", type=int, default=256)
     parser.add_argument("--draft-vocab-size", type=int, default=8192)
+    parser.add_argument("--verifier-layers", default="auto",
+                        help="verifier layers a conditioned drafter reads ('auto', or '1,14,28'); '' = standalone")
     args = parser.parse_args()
 
     out = Path(args.out)
@@ -42,6 +45,7 @@ def main():
     config = TrainConfig(verifier=args.verifier, data=str(out / "data"), out=str(out / "drafter"),
                          block_size=args.block_size, hidden_size=args.hidden_size,
                          draft_vocab_size=args.draft_vocab_size, max_steps=args.steps,
+                         verifier_layers=args.verifier_layers,
                          seq_len=min(256, args.max_new_tokens + 64), save_every=max(1, args.steps // 5))
     drafter_dir = train(config)
     verifier, tokenizer = load_verifier(args.verifier, dtype=torch.float32)

@@ -23,6 +23,10 @@ def models(tmp_path_factory):
     drafter = train_briefly(tiny_drafter(verifier, block_size=8),
                             greedy_sequences(verifier, torch.randint(4, 96, (16, 5)), 40), steps=60)
     drafter.save_pretrained(root / "drafter")
+    conditioned = tiny_drafter(verifier, block_size=8, conditioned=True)
+    train_briefly(conditioned, greedy_sequences(verifier, torch.randint(4, 96, (16, 5)), 40), steps=60,
+                  verifier=verifier)
+    conditioned.save_pretrained(root / "conditioned")
     with (root / "prompts.jsonl").open("w") as f:
         for i in range(12):
             f.write(json.dumps({"category": ["qa", "math"][i % 2], "turns": [f"t{5 + i} t9 t{30 + i}"],
@@ -38,14 +42,16 @@ def run(script: str, *args: str) -> str:
     return result.stdout
 
 
-def test_quickstart(models):
-    out = run("quickstart.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+@pytest.mark.parametrize("kind", ["drafter", "conditioned"])
+def test_quickstart(models, kind):
+    out = run("quickstart.py", "--verifier", str(models / "verifier"), "--drafter", str(models / kind),
               "--prompt", "t5 t9 t14", "--max-new-tokens", "20")
     assert "identical to plain greedy: True" in out
 
 
-def test_pipeline(models):
-    out = run("pipeline.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+@pytest.mark.parametrize("kind", ["drafter", "conditioned"])
+def test_pipeline(models, kind):
+    out = run("pipeline.py", "--verifier", str(models / "verifier"), "--drafter", str(models / kind),
               "--prompt", "t5 t9 t14", "--max-new-tokens", "20")
     assert "identical to the plain pipeline: True" in out
 
@@ -63,8 +69,9 @@ def test_train_drafter(models, tmp_path):
     assert "| position | acceptance |" in out and (tmp_path / "run" / "drafter" / "model.safetensors").exists()
 
 
-def test_benchmark(models, tmp_path):
-    out = run("benchmark.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+@pytest.mark.parametrize("kind", ["drafter", "conditioned"])
+def test_benchmark(models, tmp_path, kind):
+    out = run("benchmark.py", "--verifier", str(models / "verifier"), "--drafter", str(models / kind),
               "--prompts", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "16",
               "--dtype", "fp32", "--out", str(tmp_path / "results"))
     assert "| overall |" in out and (tmp_path / "results" / "results.json").exists()

@@ -35,17 +35,22 @@ def test_converted_folder_is_cached_and_plain(smollm2):
     assert model.config.vocab_size == 49152 and tokenizer.eos_token == "<|im_end|>"
 
 
-def test_drafter_is_exact_on_the_real_verifier(smollm2):
+@pytest.mark.parametrize("conditioned", [False, True])
+def test_drafter_is_exact_on_the_real_verifier(smollm2, conditioned):
     model, tokenizer = smollm2
     drafter = hf_specdiff.SpecDiffDrafter(drafter_config_for(model, hidden_size=64, intermediate_size=128,
                                                              num_attention_heads=2, num_key_value_heads=1,
-                                                             block_size=4, draft_token_ids=list(range(4096)))).eval()
+                                                             block_size=4, draft_token_ids=list(range(4096)),
+                                                             conditioned=conditioned)).eval()
     hf_specdiff.check_compatibility(model, drafter)
     inputs = tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
                                            add_generation_prompt=True, return_tensors="pt", return_dict=True)
     plain = model.generate(**inputs, max_new_tokens=12, do_sample=False)
-    assert model.generate(**inputs, max_new_tokens=12, do_sample=False, assistant_model=drafter).tolist() \
-        == plain.tolist()
+    try:
+        assert model.generate(**inputs, max_new_tokens=12, do_sample=False,
+                              assistant_model=drafter.attach(model)).tolist() == plain.tolist()
+    finally:
+        drafter.detach()
     assert hf_specdiff.generate(model, drafter, **inputs, max_new_tokens=12, do_sample=False,
                                 num_drafts=4).tolist() == plain.tolist()
 
