@@ -56,14 +56,7 @@ def check_compatibility(verifier, drafter) -> None:
             "`hf_specdiff.compat.drafter_config_for(verifier)`."
         )
     if getattr(drafter.config, "verifier_layer_ids", None) is not None:
-        text = _verifier_text_config(verifier)
-        if text.hidden_size != drafter.config.verifier_hidden_size or \
-                max(drafter.config.verifier_layer_ids) >= text.num_hidden_layers - 1:
-            raise ValueError(
-                f"The drafter reads verifier layers {drafter.config.verifier_layer_ids} of width "
-                f"{drafter.config.verifier_hidden_size}, but the verifier has {text.num_hidden_layers} layers of width "
-                f"{text.hidden_size}: use a drafter trained for this verifier."
-            )
+        drafter.check_verifier_layers(verifier)
     for name in SPECIAL_TOKENS:
         theirs, ours = _generation_token(verifier, name), getattr(drafter.config, name, None)
         if theirs is not None and ours is not None and not _ids(theirs) & _ids(ours):

@@ -107,25 +107,42 @@ class VerifierFeatures:
     """
 
     def __init__(self):
-        self.token_ids: torch.Tensor | None = None  # [n]
-        self.features: torch.Tensor | None = None  # [n, num_layers * verifier_hidden_size]
+        self._ids: torch.Tensor | None = None  # buffers that grow by doubling: a round writes only its new rows
+        self._features: torch.Tensor | None = None
+        self.length = 0
+
+    @property
+    def token_ids(self) -> torch.Tensor | None:
+        """[n] the token ids the verifier read."""
+        return None if self._ids is None else self._ids[: self.length]
+
+    @property
+    def features(self) -> torch.Tensor | None:
+        """[n, num_layers * verifier_hidden_size] the verifier's features at those tokens."""
+        return None if self._features is None else self._features[: self.length]
 
     def __len__(self) -> int:
-        return 0 if self.token_ids is None else self.token_ids.shape[0]
+        return self.length
 
     def reset(self):
-        self.token_ids = self.features = None
+        self._ids = self._features = None
+        self.length = 0
 
     def record(self, start: int, token_ids: torch.Tensor, features: torch.Tensor):
-        if start > len(self):  # positions before `start` are unknown: keep nothing
+        if start > self.length:  # positions before `start` are unknown: keep nothing
             self.reset()
             return
-        if start == 0 or self.token_ids is None:
-            self.token_ids, self.features = token_ids.clone(), features.detach().clone()
-            return
-        device = self.token_ids.device
-        self.token_ids = torch.cat([self.token_ids[:start], token_ids.to(device)])
-        self.features = torch.cat([self.features[:start], features.detach().to(self.features)])
+        end = start + token_ids.shape[0]
+        if self._ids is None or end > self._ids.shape[0]:
+            capacity = max(end, 2 * (0 if self._ids is None else self._ids.shape[0]))
+            ids = token_ids.new_empty(capacity)
+            rows = features.new_empty(capacity, features.shape[-1])
+            if start:
+                ids[:start], rows[:start] = self._ids[:start], self._features[:start]
+            self._ids, self._features = ids, rows
+        self._ids[start:end] = token_ids.to(self._ids.device)
+        self._features[start:end] = features.detach().to(self._features)
+        self.length = end
 
     def usable_length(self, input_ids: torch.Tensor) -> int:
         """How many leading tokens of `input_ids` ([seq]) have recorded features."""

@@ -315,6 +315,18 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         """The features [batch, seq, F] a conditioned drafter reads, from a verifier output's `hidden_states`."""
         return torch.cat([hidden_states[i] for i in self.verifier_hidden_states], dim=-1)
 
+    def check_verifier_layers(self, verifier):
+        """Raise `ValueError` if a conditioned drafter cannot read `verifier`'s layers (count or width differ)."""
+        text = getattr(verifier, "config", verifier)
+        text = text.get_text_config() if hasattr(text, "get_text_config") else text
+        if text.hidden_size != self.config.verifier_hidden_size or \
+                max(self.config.verifier_layer_ids) >= text.num_hidden_layers - 1:
+            raise ValueError(
+                f"This drafter reads verifier layers {self.config.verifier_layer_ids} of width "
+                f"{self.config.verifier_hidden_size}, but the verifier has {text.num_hidden_layers} layers of width "
+                f"{text.hidden_size}. Use a drafter trained for this verifier."
+            )
+
     def attach(self, verifier) -> "SpecDiffDrafter":
         """Hook this conditioned drafter onto `verifier` for `verifier.generate(..., assistant_model=drafter)`.
 
@@ -324,14 +336,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         """
         if not self.config.is_conditioned:
             return self
-        from_verifier = verifier.config.get_text_config()
-        if from_verifier.hidden_size != self.config.verifier_hidden_size or \
-                max(self.config.verifier_layer_ids) >= from_verifier.num_hidden_layers - 1:
-            raise ValueError(
-                f"This drafter reads verifier layers {self.config.verifier_layer_ids} of width "
-                f"{self.config.verifier_hidden_size}; {type(verifier).__name__} has {from_verifier.num_hidden_layers} "
-                f"layers of width {from_verifier.hidden_size}. Use a drafter trained for this verifier."
-            )
+        self.check_verifier_layers(verifier)
         self.detach()
         self._hooks = VerifierHooks(verifier, self.config.verifier_layer_ids, VerifierFeatures())
         return self

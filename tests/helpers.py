@@ -31,6 +31,15 @@ def tiny_verifier(arch: str = "llama", vocab_size: int = 96, seed: int = 0, dtyp
     return model.to(dtype).eval()
 
 
+def sharp_verifier(vocab_size: int = 8, seed: int = 3):
+    """A tiny verifier over a small vocabulary whose head is sharpened, so its distribution is far from uniform
+    (the setting of the chi-square tests), and the prompt they sample after."""
+    verifier = tiny_verifier("llama", vocab_size=vocab_size, seed=seed)
+    with torch.no_grad():
+        verifier.lm_head.weight.mul_(20)
+    return verifier, torch.tensor([[3, 5, 4, 7]])
+
+
 def tiny_drafter(verifier, block_size: int = 8, num_denoising_steps: int = 1, **kwargs):
     sizes = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2)
     config = drafter_config_for(verifier, block_size=block_size, num_denoising_steps=num_denoising_steps,

@@ -8,7 +8,7 @@ import hf_specdiff
 from hf_specdiff.block_diffusion import block_logits, make_block_diffusion_batch
 from hf_specdiff.generation_specdiff import VerifierFeatures, VerifierHooks
 from hf_specdiff.training import verifier_features
-from helpers import (greedy_sequences, sampled_sequences, tiny_drafter, tiny_gemma3, tiny_verifier,
+from helpers import (greedy_sequences, sampled_sequences, sharp_verifier, tiny_drafter, tiny_gemma3, tiny_verifier,
                      train_briefly)
 from stats import chi_square_pvalue, exact_first_two
 
@@ -157,10 +157,7 @@ VOCAB, SAMPLES = 8, 1000
 
 @pytest.fixture(scope="module")
 def small():
-    verifier = tiny_verifier("llama", vocab_size=VOCAB, seed=3)
-    with torch.no_grad():
-        verifier.lm_head.weight.mul_(20)
-    prompt = torch.tensor([[3, 5, 4, 7]])
+    verifier, prompt = sharp_verifier(VOCAB)
     drafter = tiny_drafter(verifier, block_size=4, conditioned=True)
     train_briefly(drafter, sampled_sequences(verifier, prompt, 64, 12), steps=40, verifier=verifier)
     return verifier, drafter, prompt, exact_first_two(verifier, prompt)

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import hf_specdiff.generation_specdiff as generation
-from helpers import sampled_sequences, tiny_drafter, tiny_verifier, train_briefly
+from helpers import sampled_sequences, sharp_verifier, tiny_drafter, train_briefly
 from stats import chi_square_pvalue, exact_first_two
 
 VOCAB = 8
@@ -22,10 +22,7 @@ def sample_pairs(verifier, drafter, prompt):
 
 @pytest.fixture(scope="module")
 def setup():
-    verifier = tiny_verifier("llama", vocab_size=VOCAB, seed=3)
-    with torch.no_grad():  # sharpen the verifier so the target is far from uniform
-        verifier.lm_head.weight.mul_(20)
-    prompt = torch.tensor([[3, 5, 4, 7]])
+    verifier, prompt = sharp_verifier(VOCAB)
     return verifier, prompt, exact_first_two(verifier, prompt)
 
 

@@ -8,8 +8,8 @@ from transformers import StopStringCriteria
 
 import hf_specdiff
 import hf_specdiff.decoding as decoding
-from helpers import (ARCHS, CollectingStreamer, greedy_sequences, sampled_sequences, tiny_drafter, tiny_gemma3,
-                     tiny_tokenizer, tiny_verifier, train_briefly)
+from helpers import (ARCHS, CollectingStreamer, greedy_sequences, sampled_sequences, sharp_verifier, tiny_drafter,
+                     tiny_gemma3, tiny_tokenizer, tiny_verifier, train_briefly)
 from stats import chi_square_pvalue, exact_first_two
 
 PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(2))
@@ -142,10 +142,7 @@ VOCAB, SAMPLES = 8, 1200
 
 @pytest.fixture(scope="module")
 def small():
-    verifier = tiny_verifier("llama", vocab_size=VOCAB, seed=3)
-    with torch.no_grad():
-        verifier.lm_head.weight.mul_(20)
-    prompt = torch.tensor([[3, 5, 4, 7]])
+    verifier, prompt = sharp_verifier(VOCAB)
     # Close to the target but not equal: drafts are accepted about half the time, so both paths run.
     drafter = train_briefly(tiny_drafter(verifier, block_size=4), sampled_sequences(verifier, prompt, 64, 12), steps=40)
     return verifier, drafter, prompt, exact_first_two(verifier, prompt)
