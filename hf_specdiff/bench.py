@@ -2,7 +2,8 @@
 
 Methods: plain greedy `generate`, prompt-lookup decoding, an autoregressive drafter (transformers' own
 `assistant_model` path), SpecDiff (an unaligned MDLM drafter, K=1), SpecDiff-2 (the aligned drafter, K=1 and
-each K asked for) and SpecDiff-2 conditioned (a drafter that reads the verifier's hidden states, same Ks). Per
+each K asked for), SpecDiff-2 conditioned (a drafter that reads the verifier's hidden states, same Ks) and, on
+request, each SpecDiff-2 method with a prompt-lookup branch in its tree ("+ lookup"). Per
 category and overall: tokens/s, speed-up over plain, tau (tokens per verifier forward), acceptance by draft
 position (SpecDiff methods), exact match with plain greedy, and the drafter's cost: milliseconds per drafter
 forward next to milliseconds per verifier forward. Writes results.json, results.md and PNG plots.
@@ -59,11 +60,12 @@ class _ForwardTimer:
 
 def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_drafter=None, ar_drafter=None,
               conditioned_drafter=None, num_drafts: tuple[int, ...] = (1,), max_new_tokens: int = 256,
-              prompt_lookup_tokens: int = 10, progress: bool = True) -> dict:
+              prompt_lookup_tokens: int = 10, with_lookup: bool = False, progress: bool = True) -> dict:
     """Run every available method on every prompt (interleaved) and return per-category and overall results.
 
     `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
-    hidden states; either may be None."""
+    hidden states; either may be None. `with_lookup` adds, for every SpecDiff-2 method, a "+ lookup" one whose tree
+    also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens)."""
     methods = {"plain": dict()}
     methods["prompt lookup"] = dict(prompt_lookup_num_tokens=prompt_lookup_tokens)
     if ar_drafter is not None:
@@ -76,6 +78,9 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     if conditioned_drafter is not None:
         for k in num_drafts:
             methods[f"SpecDiff-2 conditioned (K={k})"] = dict(specdiff=conditioned_drafter, num_drafts=k)
+    if with_lookup:
+        for name in [m for m in methods if m.startswith("SpecDiff-2")]:
+            methods[f"{name} + lookup"] = dict(methods[name], lookup_tokens=prompt_lookup_tokens)
 
     counter = _ForwardTimer(verifier)
     drafter_timers = {id(m): _ForwardTimer(m) for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter)

@@ -72,7 +72,8 @@ def cmd_demo(args):
     from .demo import run_demo
 
     run_demo(args.prompt, verifier=args.verifier, drafter=args.drafter, num_drafts=args.num_drafts,
-             max_new_tokens=args.max_new_tokens, dtype=_dtype(args.dtype), threads=args.threads)
+             lookup_tokens=args.lookup_tokens, max_new_tokens=args.max_new_tokens, dtype=_dtype(args.dtype),
+             threads=args.threads)
 
 
 def cmd_bench(args):
@@ -103,7 +104,7 @@ def cmd_bench(args):
                         drafter=(kinds[False] or [None])[0], conditioned_drafter=(kinds[True] or [None])[0],
                         mdlm_drafter=load(args.mdlm_drafter), ar_drafter=load(args.ar_drafter),
                         num_drafts=tuple(int(k) for k in args.num_drafts.split(",")),
-                        max_new_tokens=args.max_new_tokens)
+                        max_new_tokens=args.max_new_tokens, with_lookup=args.with_lookup)
     summary["settings"] = {k: v for k, v in vars(args).items() if k != "func"}
     print(markdown_table(summary))
     save(summary, args.out)
@@ -159,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prompt", nargs="?", default="Explain speculative decoding in two sentences.")
     p.add_argument("--verifier", default="smollm2-135m-instruct")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped SmolLM2 drafter)")
-    p.add_argument("--num-drafts", type=int, default=1)
+    p.add_argument("--num-drafts", type=int, default=4, help="K drafts verified as one tree")
+    p.add_argument("--lookup-tokens", type=int, default=10, help="prompt-lookup branch in the tree (0: none)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--threads", type=int, default=2)
@@ -211,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mdlm-drafter", default=None, help="an unaligned (mdlm) SpecDiff drafter")
     p.add_argument("--ar-drafter", default=None, help="an autoregressive drafter for transformers' assistant path")
     p.add_argument("--num-drafts", default="1,4", help="comma-separated K values for SpecDiff-2")
+    p.add_argument("--with-lookup", action="store_true",
+                   help="also run each SpecDiff-2 method with a prompt-lookup branch in its tree (+ lookup)")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--threads", type=int, default=2)

@@ -90,8 +90,9 @@ def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict
              '                                       return_tensors="pt", return_dict=True)',
              f"out = verifier.generate(**inputs, assistant_model={assistant}, max_new_tokens=256)",
              *(["drafter.detach()  # removes the hooks that record the verifier's hidden states"] if layers else []),
-             "# SpecDiff-2 self-selection (K drafts verified as one tree): pip install hf_specdiff",
-             "# import hf_specdiff; out = hf_specdiff.generate(verifier, drafter, **inputs, num_drafts=4)", "```", ""]
+             "# SpecDiff-2 self-selection (K drafts and a prompt-lookup draft verified as one tree):",
+             "# pip install hf_specdiff, then",
+             "# out = hf_specdiff.generate(verifier, drafter, **inputs, num_drafts=4, lookup_tokens=10)", "```", ""]
     if bench is not None:
         lines += ["## Benchmark", "", "Spec-Bench, speed-up over plain `generate` (tau = tokens per verifier forward, "
                   "exact = share of outputs identical to plain greedy):", "", markdown_table(bench), ""]

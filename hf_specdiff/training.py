@@ -214,7 +214,8 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
     mask_index = drafter.config.mask_token_index
     conditioned = drafter.config.is_conditioned
-    features = verifier_features(verifier, drafter, clean, valid) if conditioned else None
+    teacher = _teacher_forward(verifier, drafter, clean, valid) if conditioned or config.kl_weight else None
+    features = drafter.select_features(teacher.hidden_states) if conditioned else None
     batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator, conditioned)
     logits = block_logits(model, batch, features)
     targets = drafter.to_draft_vocab(batch.targets)
@@ -230,10 +231,8 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
     if config.mdlm_weight and config.objective != "mdlm":
         loss = loss + config.mdlm_weight * _mdlm(model, drafter, clean, valid, config, generator, features)
     if config.kl_weight:
-        with torch.no_grad():
-            verifier_logits = verifier(clean, attention_mask=valid.long()).logits
         # the verifier's logit at position t-1 predicts token t
-        shifted = torch.cat([verifier_logits[:, :1], verifier_logits[:, :-1]], dim=1)[:, batch.block_slice]
+        shifted = torch.cat([teacher.logits[:, :1], teacher.logits[:, :-1]], dim=1)[:, batch.block_slice]
         shifted = shifted.reshape(*targets.shape, -1)
         ids = drafter.draft_vocab_ids(shifted.device)
         shifted = shifted if ids is None else shifted[..., ids]
@@ -250,12 +249,17 @@ def _mdlm(model, drafter, clean, valid, config, generator, features=None):
 
 
 @torch.no_grad()
+def _teacher_forward(verifier, drafter, ids: torch.Tensor, valid: torch.Tensor):
+    """The verifier teacher-forced on `ids` [B, L]: its logits, and the hidden states a conditioned drafter reads."""
+    if verifier is None:
+        raise ValueError("a conditioned drafter (or kl_weight) trains on the verifier's outputs: pass the verifier")
+    hidden = drafter.verifier_hidden_states if drafter.config.is_conditioned else False
+    return verifier(input_ids=ids, attention_mask=valid.long(), output_hidden_states=hidden)
+
+
 def verifier_features(verifier, drafter, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     """What a conditioned drafter reads, by teacher forcing the verifier on `ids` [B, L]: [B, L, F]."""
-    if verifier is None:
-        raise ValueError("a conditioned drafter trains on the verifier's hidden states: pass the verifier")
-    outputs = verifier(input_ids=ids, attention_mask=valid.long(), output_hidden_states=drafter.verifier_hidden_states)
-    return drafter.select_features(outputs.hidden_states)
+    return drafter.select_features(_teacher_forward(verifier, drafter, ids, valid).hidden_states)
 
 
 @torch.no_grad()

@@ -22,9 +22,10 @@ def test_bench_runs_every_method_and_writes_results(tmp_path):
     conditioned = tiny_drafter(verifier, block_size=8, conditioned=True)
     summary = benchmark(verifier, tokenizer, prompts, drafter=drafter, mdlm_drafter=tiny_drafter(verifier),
                         ar_drafter=tiny_verifier("llama", seed=1), conditioned_drafter=conditioned, num_drafts=(1, 4),
-                        max_new_tokens=24, progress=False)
-    methods = ["plain", "prompt lookup", "AR drafter", "SpecDiff (mdlm, K=1)", "SpecDiff-2 (K=1)", "SpecDiff-2 (K=4)",
-               "SpecDiff-2 conditioned (K=1)", "SpecDiff-2 conditioned (K=4)"]
+                        max_new_tokens=24, with_lookup=True, progress=False)
+    specdiff2 = ["SpecDiff-2 (K=1)", "SpecDiff-2 (K=4)", "SpecDiff-2 conditioned (K=1)", "SpecDiff-2 conditioned (K=4)"]
+    methods = ["plain", "prompt lookup", "AR drafter", "SpecDiff (mdlm, K=1)", *specdiff2,
+               *[f"{m} + lookup" for m in specdiff2]]
     assert summary["methods"] == methods
     assert set(summary["results"]) == {"math", "qa", "overall"}
     overall = summary["results"]["overall"]

@@ -96,6 +96,49 @@ def test_self_selection_raises_tau_and_reports_it(trained):
     assert taus[8] > taus[1] > 1.0, taus
 
 
+def test_prompt_lookup_drafts_what_followed_the_latest_longest_match():
+    ids = torch.tensor([5, 6, 7, 1, 9, 6, 7, 2, 5, 6, 7])
+    assert decoding.prompt_lookup(ids, 3) == [1, 9, 6]  # the 3-gram "5 6 7" wins over the later 2-gram "6 7"
+    assert decoding.prompt_lookup(ids, 3, max_ngram=2) == [2, 5, 6]  # "6 7": its latest earlier occurrence
+    assert decoding.prompt_lookup(ids, 2, max_ngram=1) == [2, 5]
+    assert decoding.prompt_lookup(torch.tensor([1, 2, 3]), 4) == []
+    assert decoding.prompt_lookup(torch.tensor([4]), 4) == []
+
+
+def test_fixed_draft_joins_the_tree():
+    tree = decoding.DraftTree.from_drafts(torch.tensor([[1, 2], [1, 3]]), fixed=[1, 2, 4])
+    assert tree.tokens.tolist() == [1, 2, 3, 4] and tree.parents == [-1, 0, 0, 1]
+    assert tree.draws[1] == [(4, 3, True)] and tree.fixed_only == {3}
+    assert [fixed for _, _, fixed in tree.draws[-1]] == [False, False, True]  # one draw per draft, in order
+
+
+def test_prune_drafts_keeps_the_most_probable_prefixes():
+    scores = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.9, 0.05, 0.05]]).log()
+    drafts = torch.tensor([[0, 0, 0], [0, 1, 0], [1, 0, 0]])
+    # prefix probabilities: 0 .6 | 1 .3, 00 .3 | 000 .27 | 01 .24 | 010 .216 | 10 .15 (ties: the shorter first)
+    assert decoding.prune_drafts(drafts, scores, 3) == [[0, 0], [0], [1]]
+    assert decoding.prune_drafts(drafts, scores, 5) == [[0, 0, 0], [0, 1], [1]]
+    assert decoding.prune_drafts(drafts, scores, 100) == drafts.tolist()
+
+
+@pytest.mark.parametrize("arch", list(VERIFIERS))
+@pytest.mark.parametrize("num_drafts", [1, 4])
+def test_lookup_branch_greedy_equals_plain_and_adds_tokens(trained, arch, num_drafts):
+    verifier, _ = trained(arch)
+    drafter = tiny_drafter(verifier, block_size=16)  # untrained: the lookup branch carries the accepted tokens
+    taus = {}
+    for lookup_tokens in (0, 10):
+        stats = hf_specdiff.SpecDiffStats()
+        for prompt in PROMPTS[:3].split(1):
+            plain = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None)
+            out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=40, do_sample=False,
+                                       eos_token_id=None, num_drafts=num_drafts, lookup_tokens=lookup_tokens,
+                                       stats=stats)
+            assert out.tolist() == plain.tolist()
+        taus[lookup_tokens] = stats.tau
+    assert taus[10] > taus[0], taus  # tiny random verifiers repeat themselves: the lookup branch gets accepted
+
+
 def test_streamer_scores_and_dict_output(trained):
     verifier, drafter = trained("qwen2")
     streamer = CollectingStreamer()
@@ -124,6 +167,10 @@ def test_errors(trained):
     with pytest.raises(ValueError, match="one prompt at a time"):
         hf_specdiff.generate(verifier, drafter, PROMPTS[:2], attention_mask=torch.ones_like(PROMPTS[:2]),
                              max_new_tokens=4, num_drafts=2)
+    with pytest.raises(ValueError, match="max_tree_nodes must be >= 1, got 0"):
+        hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=4, num_drafts=2, max_tree_nodes=0)
+    with pytest.raises(ValueError, match="lookup_tokens must be >= 0, got -1"):
+        hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=4, lookup_tokens=-1)
     with pytest.raises(ValueError, match="draft_length must be between 1 and the drafter's block_size"):
         hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=4, draft_length=17)
     other = tiny_drafter(tiny_verifier("llama", vocab_size=128))
@@ -148,12 +195,14 @@ def small():
     return verifier, drafter, prompt, exact_first_two(verifier, prompt)
 
 
-def sample_pairs(verifier, drafter, prompt, num_drafts, stats=None):
+def sample_pairs(verifier, drafter, prompt, num_drafts, stats=None, lookup_tokens=0, temperature=1.0):
     torch.manual_seed(1)
     pairs = []
     for _ in range(SAMPLES):
         out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=3, do_sample=True, top_k=None,
-                                   eos_token_id=None, num_drafts=num_drafts, draft_length=2, stats=stats)
+                                   temperature=temperature,
+                                   eos_token_id=None, num_drafts=num_drafts, draft_length=2, stats=stats,
+                                   lookup_tokens=lookup_tokens)
         pairs.append(out[0, prompt.shape[1]: prompt.shape[1] + 2])
     return torch.stack(pairs)
 
@@ -164,6 +213,38 @@ def test_sampling_matches_target(small, num_drafts):
     stats = hf_specdiff.SpecDiffStats()
     assert chi_square_pvalue(sample_pairs(verifier, drafter, prompt, num_drafts, stats), exact) > 1e-3
     assert 0.2 < stats.acceptance_by_position[0] < 0.95  # both accept and reject paths ran
+
+
+@pytest.fixture(scope="module")
+def lookup_prompt(small):
+    """A prompt that repeats its last token, so every first round holds a lookup draft, whose first token the
+    verifier at temperature 2 gives a probability near 1/2: it is accepted about half the time."""
+    verifier, _, prompt, _ = small
+    candidates = [torch.cat([prompt, torch.tensor([[u, t, prompt[0, -1]]])], dim=1)
+                  for u in range(VOCAB) for t in range(VOCAB)]
+    with torch.no_grad():
+        p_lookup = [float((verifier(c).logits[0, -1] / 2).softmax(-1)[decoding.prompt_lookup(c[0], 1)[0]])
+                    for c in candidates]
+    best = min(range(len(candidates)), key=lambda i: abs(p_lookup[i] - 0.5))
+    assert 0.1 < p_lookup[best] < 0.9
+    return candidates[best], exact_first_two(verifier, candidates[best], temperature=2.0)
+
+
+@pytest.mark.parametrize("num_drafts", [1, 4])
+def test_sampling_with_lookup_branch_matches_target(small, lookup_prompt, num_drafts):
+    verifier, drafter, _, _ = small
+    prompt, exact = lookup_prompt
+    pairs = sample_pairs(verifier, drafter, prompt, num_drafts, lookup_tokens=2, temperature=2.0)
+    assert chi_square_pvalue(pairs, exact) > 1e-3
+
+
+def test_chi_square_catches_an_unweighted_lookup_branch(small, lookup_prompt, monkeypatch):
+    verifier, drafter, _, _ = small
+    prompt, exact = lookup_prompt
+    # wrong: accept the lookup token with probability min(1, p / q) for a made-up q, and subtract that q on rejection
+    monkeypatch.setattr(torch.nn.functional, "one_hot", lambda t, n: torch.full((n,), 1.0 / n))
+    pairs = sample_pairs(verifier, drafter, prompt, 1, lookup_tokens=2, temperature=2.0)
+    assert chi_square_pvalue(pairs, exact) < 1e-3
 
 
 def test_chi_square_catches_a_wrong_acceptance_rule(small, monkeypatch):

@@ -2,12 +2,13 @@
 
 Entry points (the same loop):
     model.generate(**inputs, custom_generate=specdiff_generate, drafter=drafter, num_drafts=8)
-    generate(model, drafter, **inputs, num_drafts=8)
+    generate(model, drafter, **inputs, num_drafts=8, lookup_tokens=10)
 
 K = 1 runs transformers' own assisted-decoding loop with `DiffusionCandidateGenerator` supplying the drafts.
-K > 1 runs self-selection: one drafter forward gives per-position marginals q_1..q_g; K drafts are drawn from
-them and merged into a prefix tree; one verifier forward scores every tree node (4D tree attention mask, one
-position id per node); the verifier's cache is then compacted to the accepted path by a gather.
+K > 1, or a prompt-lookup branch (`lookup_tokens` > 0), runs self-selection: one drafter forward gives per-position
+marginals q_1..q_g; K drafts are drawn from them and merged, with the lookup draft, into a prefix tree; one verifier
+forward scores every tree node (4D tree attention mask, one position id per node); the verifier's cache is then
+compacted to the accepted path.
 
 Why the output is exactly the verifier's:
 - Greedy: the walk from the root follows the child equal to the verifier's argmax, and stops with the argmax as
@@ -22,6 +23,9 @@ Why the output is exactly the verifier's:
   draws of an already rejected token are tried again (they are rejected with probability 1, since p(x) < q(x)
   held when it was rejected and the residual puts no mass on it) and still update the residual, so the
   multiplicity of draws is respected even though the tree stores each prefix once.
+- A prompt-lookup draft (`lookup_tokens`) is a function of the committed tokens alone, so at each node it passes
+  through it is one more independent draw, from a point mass: accepted with probability p(x), and on rejection the
+  target loses x (the same rule with q = one-hot(x)).
 
 This file imports only torch and transformers, so it also ships as a Hub `custom_generate/generate.py`.
 """
@@ -164,21 +168,26 @@ class DiffusionCandidateGenerator(CandidateGenerator):
 @dataclass
 class DraftTree:
     """Unique prefixes of K drafts. Node n has `tokens[n]`, `parents[n]` (-1: the last committed token) and
-    `depths[n]` (1-based); `draws[v]` lists, for parent v, the (token, child) of every draft through v, in draw order."""
+    `depths[n]` (1-based); `draws[v]` lists, for parent v, the (token, child, fixed) of every draft through v, in draw
+    order; `fixed` marks a draft that is not a draw from the drafter (a prompt-lookup continuation)."""
 
     tokens: torch.Tensor
     parents: list[int]
     depths: torch.Tensor
-    draws: dict[int, list[tuple[int, int]]]
+    draws: dict[int, list[tuple[int, int, bool]]]
     ancestors: torch.Tensor  # [N, N] bool: ancestors[n, u] = u is n or an ancestor of n
+    fixed_only: set[int]  # nodes that only the fixed draft passes through
 
     @classmethod
-    def from_drafts(cls, drafts: torch.Tensor) -> "DraftTree":
-        """Build the tree of `drafts` [K, g]."""
+    def from_drafts(cls, drafts, fixed: list[int] | None = None) -> "DraftTree":
+        """Build the tree of `drafts` ([K, g] tensor, or rows of any length) followed by the `fixed` rows."""
+        rows = [(row, False) for row in (drafts.tolist() if torch.is_tensor(drafts) else drafts)]
+        rows += [(fixed, True)] if fixed else []
         index: dict[tuple, int] = {}
         tokens, parents, depths = [], [], []
-        draws: dict[int, list[tuple[int, int]]] = {}
-        for row in drafts.tolist():
+        draws: dict[int, list[tuple[int, int, bool]]] = {}
+        drafted: set[int] = set()
+        for row, is_fixed in rows:
             parent = -1
             for depth in range(1, len(row) + 1):
                 key = tuple(row[:depth])
@@ -187,14 +196,16 @@ class DraftTree:
                     tokens.append(row[depth - 1])
                     parents.append(parent)
                     depths.append(depth)
-                draws.setdefault(parent, []).append((row[depth - 1], index[key]))
+                draws.setdefault(parent, []).append((row[depth - 1], index[key], is_fixed))
                 parent = index[key]
+                drafted |= set() if is_fixed else {parent}
         n = len(tokens)
         ancestors = torch.eye(n, dtype=torch.bool)
         for node in range(n):  # parents come before children
             if parents[node] >= 0:
                 ancestors[node] |= ancestors[parents[node]]
-        return cls(torch.tensor(tokens, dtype=torch.long), parents, torch.tensor(depths, dtype=torch.long), draws, ancestors)
+        return cls(torch.tensor(tokens, dtype=torch.long), parents, torch.tensor(depths, dtype=torch.long), draws,
+                   ancestors, set(range(n)) - drafted)
 
     def __len__(self) -> int:
         return len(self.parents)
@@ -224,10 +235,42 @@ def top_k_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
     return beams
 
 
+def prune_drafts(drafts: torch.Tensor, scores: torch.Tensor, max_nodes: int) -> list[list[int]]:
+    """Cut the rows of `drafts` [K, g] so that their tree keeps only the `max_nodes` prefixes most probable under the
+    product of the marginals softmax(scores) [g, V] (a prefix is never less probable than its extensions, so the kept
+    set is a tree). For greedy verification, where a node costs verifier compute but only the argmax path counts."""
+    log_q = scores.float().log_softmax(-1)
+    path_scores = log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()  # [K, g]
+    best: dict[tuple, tuple[float, int]] = {}
+    for row, row_scores in zip(drafts.tolist(), path_scores):
+        for depth, score in enumerate(row_scores, start=1):
+            best[tuple(row[:depth])] = (-score, depth)
+    kept = set(sorted(best, key=best.get)[:max_nodes])
+    out = []
+    for row in drafts.tolist():
+        depth = 0
+        while depth < len(row) and tuple(row[:depth + 1]) in kept:
+            depth += 1
+        out.append(row[:depth])
+    return out
+
+
 def sample_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
     """k independent draws [k, g] from the product of the marginals softmax(scores) [g, V]."""
     probs = scores.float().softmax(-1)
     return torch.multinomial(probs, k, replacement=True).T
+
+
+def prompt_lookup(ids: torch.Tensor, num_tokens: int, max_ngram: int = 3) -> list[int]:
+    """Up to `num_tokens` tokens that followed the latest earlier occurrence of the longest n-gram (n <= max_ngram)
+    ending `ids` [L]: prompt-lookup decoding's draft, made from the context alone."""
+    for n in range(min(max_ngram, ids.shape[0] - 1), 0, -1):
+        windows = ids[:-1].unfold(0, n, 1)  # every n-gram that has a token after it
+        hits = (windows == ids[-n:]).all(-1).nonzero().flatten()
+        if len(hits):
+            start = int(hits[-1]) + n
+            return ids[start:start + num_tokens].tolist()
+    return []
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -241,13 +284,14 @@ def accept_sampling(tree: DraftTree, target_scores: torch.Tensor, draft_probs: t
     """Multi-candidate speculative sampling down the tree.
 
     `target_scores` [1 + N, V]: the verifier's processed logits at the last committed token (row 0) and at each
-    node (row 1 + n). `draft_probs` [g, V]: the drafts' per-depth distributions. Returns (accepted nodes, next token).
+    node (row 1 + n). `draft_probs` [g, V]: the drafts' per-depth distributions; a fixed draft (prompt lookup) is a
+    draw from a point mass. Returns (accepted nodes, next token).
     """
     node, depth = -1, 0
     p = target_scores[0].float().softmax(-1)
     while True:
-        for token, child in tree.draws.get(node, []):
-            q = draft_probs[depth]
+        for token, child, fixed in tree.draws.get(node, []):
+            q = torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]).to(p) if fixed else draft_probs[depth]
             if torch.rand(()) * q[token] <= p[token]:  # accept with probability min(1, p/q)
                 node, depth = child, depth + 1
                 p = target_scores[1 + node].float().softmax(-1)
@@ -262,7 +306,7 @@ def accept_greedy(tree: DraftTree, target_scores: torch.Tensor):
     node = -1
     while True:
         best = int(target_scores[1 + node].argmax())
-        child = next((c for token, c in tree.draws.get(node, []) if token == best), None)
+        child = next((c for token, c, _ in tree.draws.get(node, []) if token == best), None)
         if child is None:
             return tree.path(node), best
         node = child
@@ -311,15 +355,18 @@ def tree_attention_mask(model, cache, num_committed: int, tree: DraftTree, dtype
 
 
 def compact_cache(cache, num_tree: int, keep: list[int]):
-    """Drop the tree nodes not in `keep` (indices into the last `num_tree` cache entries), by a gather."""
+    """Drop the tree nodes not in `keep` (indices into the last `num_tree` cache entries): the kept entries move up
+    in place, then the cache is cut after them."""
     for layer in cache.layers:
         if not layer.is_initialized:
             continue
-        length = layer.keys.shape[-2]
-        base = length - num_tree
-        index = torch.cat([torch.arange(base), base + torch.tensor(keep, dtype=torch.long)]).to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+        base = layer.keys.shape[-2] - num_tree
+        if keep:
+            index = base + torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
+            layer.keys[..., base:base + len(keep), :] = layer.keys[..., index, :]
+            layer.values[..., base:base + len(keep), :] = layer.values[..., index, :]
+        layer.keys = layer.keys[..., :base + len(keep), :]
+        layer.values = layer.values[..., :base + len(keep), :]
         if hasattr(layer, "cumulative_length"):
             layer.cumulative_length -= num_tree - len(keep)
             window = getattr(layer, "sliding_window", None)
@@ -352,7 +399,7 @@ def _stop_index(input_ids: torch.Tensor, start: int, stopping_criteria) -> int |
 
 @torch.no_grad()
 def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter, num_drafts,
-                   draft_length, streamer, stats, past_key_values):
+                   draft_length, lookup_tokens, max_tree_nodes, streamer, stats, past_key_values):
     _check_tree_support(model)
     cache = past_key_values
     if hasattr(cache, "activate_past_recording"):
@@ -368,18 +415,22 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
 
     while True:
         committed = input_ids[:, cache.get_seq_length():]
-        num_tokens = min(controller.next_length(), generation_config.max_length - input_ids.shape[1] - 1)
+        room = generation_config.max_length - input_ids.shape[1] - 1
+        num_tokens = min(controller.next_length(), room)
         if conditioned and not drafter_cache.verifier_features.usable_length(input_ids[0]):
             num_tokens = 0  # the verifier reads the prompt first
+        drafts = []
         if num_tokens > 0:
             _, draft_scores = drafter.draft(input_ids.to(drafter.device), drafter_cache, num_tokens, logits_processor,
                                             num_steps=1)
             stats.drafter_forwards += 1
             draft_scores = draft_scores.to(input_ids.device)
-            drafts = sample_drafts(draft_scores, num_drafts) if do_sample else top_k_drafts(draft_scores, num_drafts)
-            tree = DraftTree.from_drafts(drafts.cpu())
-        else:
-            tree = DraftTree.from_drafts(torch.empty(1, 0, dtype=torch.long))
+            if do_sample:
+                drafts = sample_drafts(draft_scores, num_drafts)
+            else:  # a node costs verifier compute: keep the most probable ones (the draws of sampling stay whole)
+                drafts = prune_drafts(top_k_drafts(draft_scores, num_drafts), draft_scores, max_tree_nodes)
+        lookup = prompt_lookup(input_ids[0].cpu(), min(lookup_tokens, room)) if lookup_tokens and room > 0 else []
+        tree = DraftTree.from_drafts(drafts, fixed=lookup)
         tree_tokens = tree.tokens.to(input_ids.device)
         past = cache.get_seq_length()
         positions = torch.cat([torch.arange(past, past + committed.shape[1]),
@@ -409,9 +460,9 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
             path, next_token = accept_sampling(tree, target_scores, draft_probs)
         else:
             path, next_token = accept_greedy(tree, target_scores)
-        stats.record_round(max(num_tokens, 0), len(path))
+        stats.record_round(int(tree.depths.max()) if len(tree) else 0, len(path))
         if num_tokens > 0:
-            controller.update(num_tokens, len(path))
+            controller.update(num_tokens, next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path)))
         compact_cache(cache, len(tree), path)
         if conditioned:  # what the verifier read: the committed tokens and the accepted path
             features = drafter.select_features(outputs.hidden_states)[0]
@@ -469,7 +520,8 @@ def _linear_decoding(model, input_ids, logits_processor, stopping_criteria, gene
 
 
 def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-                      drafter=None, num_drafts: int = 1, draft_length: int | None = None, token_streamer=None,
+                      drafter=None, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,
+                      max_tree_nodes: int | None = None, token_streamer=None,
                       specdiff_stats: SpecDiffStats | None = None, **model_kwargs):
     """A `custom_generate` callable: `model.generate(**inputs, custom_generate=specdiff_generate, drafter=...)`.
 
@@ -477,6 +529,10 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         drafter: a SpecDiff drafter for this verifier.
         num_drafts: K, the drafts verified together as a prefix tree (1: a single draft, transformers' own loop).
         draft_length: a fixed draft length (<= block size); `None` adapts it to measured acceptance.
+        lookup_tokens: if > 0, each round's tree also holds a prompt-lookup draft of up to this many tokens (the
+            continuation of the latest earlier match of the context's last 1-3 tokens); runs the tree loop.
+        max_tree_nodes: greedy self-selection keeps at most this many drafter nodes per round, the most probable
+            prefixes of the K drafts (`None`: the drafter's block size). Sampling verifies the K draws whole.
         token_streamer: a streamer (`put`/`end`), since transformers does not forward `streamer` to custom loops.
         specdiff_stats: a `SpecDiffStats` to fill; the last run's stats are also left on `drafter.last_stats`.
 
@@ -492,17 +548,23 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         raise ValueError("SpecDiff decoding does not take padded inputs: pass one unpadded prompt.")
     if num_drafts < 1:
         raise ValueError(f"num_drafts must be >= 1, got {num_drafts}")
+    if lookup_tokens < 0:
+        raise ValueError(f"lookup_tokens must be >= 0, got {lookup_tokens}")
+    if max_tree_nodes is not None and max_tree_nodes < 1:
+        raise ValueError(f"max_tree_nodes must be >= 1, got {max_tree_nodes}")
     if draft_length is not None and not 1 <= draft_length <= drafter.config.block_size:
         raise ValueError(f"draft_length must be between 1 and the drafter's block_size "
                          f"({drafter.config.block_size}), got {draft_length}")
     _check_pair(model, drafter)
     stats = specdiff_stats if specdiff_stats is not None else SpecDiffStats()
     drafter.last_stats = stats
-    if num_drafts == 1:
+    if num_drafts == 1 and not lookup_tokens:
         return _linear_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
                                 draft_length, token_streamer, stats, model_kwargs)
     return _tree_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
-                          num_drafts, draft_length, token_streamer, stats, model_kwargs["past_key_values"])
+                          num_drafts, draft_length, lookup_tokens, max_tree_nodes or drafter.config.block_size,
+                          token_streamer, stats,
+                          model_kwargs["past_key_values"])
 
 
 def _check_pair(model, drafter):
@@ -514,12 +576,13 @@ def _check_pair(model, drafter):
         )
 
 
-def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int | None = None, streamer=None,
-             stats: SpecDiffStats | None = None, **kwargs):
+def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,
+             max_tree_nodes: int | None = None, streamer=None, stats: SpecDiffStats | None = None, **kwargs):
     """`model.generate(*args, **kwargs)` with SpecDiff drafting: the short form, and the Hub `custom_generate` entry.
 
     Takes every `generate` argument, plus `drafter`, `num_drafts` (K), `draft_length` (None: adaptive),
-    `streamer` and `stats` (a `SpecDiffStats` to fill).
+    `lookup_tokens` (a prompt-lookup branch in the tree; 0: none), `max_tree_nodes` (greedy tree size; None: the
+    block size), `streamer` and `stats` (a `SpecDiffStats` to fill).
     """
     if drafter is None:
         raise ValueError("Pass the drafter: generate(model, drafter, **inputs) or model.generate(..., drafter=drafter)")
@@ -533,7 +596,9 @@ def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int 
         criteria.append(StopStringCriteria(tokenizer, [stop_strings] if isinstance(stop_strings, str) else stop_strings))
         kwargs["stopping_criteria"] = criteria
     return GenerationMixin.generate(model, *args, custom_generate=specdiff_generate, drafter=drafter,
-                                    num_drafts=num_drafts, draft_length=draft_length, token_streamer=streamer,
+                                    num_drafts=num_drafts, draft_length=draft_length, lookup_tokens=lookup_tokens,
+                                    max_tree_nodes=max_tree_nodes,
+                                    token_streamer=streamer,
                                     specdiff_stats=stats, **kwargs)
 
 
