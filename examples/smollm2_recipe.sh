@@ -26,4 +26,4 @@ train --kind ar --warmup-steps 50 --max-steps 600 --save-every 200 --eval-every 
 
 hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --per-category "${PER_CATEGORY:-2}" \
     --max-new-tokens "${MAX_NEW_TOKENS:-128}" --drafter "$RUN/drafter" --compare-drafter "$RUN/drafter_cond" \
-    --mdlm-drafter "$RUN/drafter_mdlm" --ar-drafter "$RUN/drafter_ar" --num-drafts 1,4 --out "$RUN/results"
+    --mdlm-drafter "$RUN/drafter_mdlm" --ar-drafter "$RUN/drafter_ar" --num-drafts 1,4 --with-lookup --out "$RUN/results"

@@ -533,7 +533,8 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
             continuation of the latest earlier match of the context's last 1-3 tokens); runs the tree loop.
         max_tree_nodes: greedy self-selection keeps at most this many drafter nodes per round, the most probable
             prefixes of the K drafts (`None`: the drafter's block size). Sampling verifies the K draws whole.
-        token_streamer: a streamer (`put`/`end`), since transformers does not forward `streamer` to custom loops.
+        token_streamer: a streamer (`put`/`end`), since transformers does not forward `streamer` to custom loops;
+            like `generate`, it gets the prompt first, then the new tokens.
         specdiff_stats: a `SpecDiffStats` to fill; the last run's stats are also left on `drafter.last_stats`.
 
     transformers drops `tokenizer` before calling a custom loop, so `stop_strings` need `generate(...)` below, or
@@ -558,6 +559,8 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
     _check_pair(model, drafter)
     stats = specdiff_stats if specdiff_stats is not None else SpecDiffStats()
     drafter.last_stats = stats
+    if token_streamer is not None:  # as in transformers' generate: the prompt first (TextStreamer's skip_prompt)
+        token_streamer.put(input_ids.cpu())
     if num_drafts == 1 and not lookup_tokens:
         return _linear_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
                                 draft_length, token_streamer, stats, model_kwargs)

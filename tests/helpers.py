@@ -126,13 +126,16 @@ def tiny_gemma3(vocab_size: int = 96, sliding_window: int = 8, seed: int = 0):
 
 
 class CollectingStreamer:
-    """A streamer that keeps what it is given."""
+    """A streamer that keeps what it is given: like transformers' streamers, it takes the first put as the prompt."""
 
     def __init__(self):
-        self.tokens, self.ended = [], False
+        self.prompt, self.tokens, self.ended = None, [], False
 
     def put(self, value):
-        self.tokens += value.flatten().tolist()
+        if self.prompt is None:
+            self.prompt = value.flatten().tolist()
+        else:
+            self.tokens += value.flatten().tolist()
 
     def end(self):
         self.ended = True

@@ -139,13 +139,15 @@ def test_lookup_branch_greedy_equals_plain_and_adds_tokens(trained, arch, num_dr
     assert taus[10] > taus[0], taus  # tiny random verifiers repeat themselves: the lookup branch gets accepted
 
 
-def test_streamer_scores_and_dict_output(trained):
+@pytest.mark.parametrize("num_drafts", [1, 4])
+def test_streamer_scores_and_dict_output(trained, num_drafts):
     verifier, drafter = trained("qwen2")
     streamer = CollectingStreamer()
     out = hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=30, do_sample=False,
-                               eos_token_id=None, num_drafts=4, streamer=streamer, return_dict_in_generate=True,
-                               output_scores=True)
+                               eos_token_id=None, num_drafts=num_drafts, streamer=streamer,
+                               return_dict_in_generate=True, output_scores=True)
     new = out.sequences[0, PROMPTS.shape[1]:].tolist()
+    assert streamer.prompt == PROMPTS[0].tolist()  # the prompt first, as generate does (TextStreamer skips it)
     assert streamer.tokens == new and streamer.ended
     assert len(out.scores) == 30
     assert [int(s.argmax()) for s in out.scores] == new  # greedy: each token is the argmax of its scores
