@@ -214,7 +214,8 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
     mask_index = drafter.config.mask_token_index
     conditioned = drafter.config.is_conditioned
-    teacher = _teacher_forward(verifier, drafter, clean, valid) if conditioned or config.kl_weight else None
+    teacher = _teacher_forward(verifier, drafter, clean, valid, logits=bool(config.kl_weight)) \
+        if conditioned or config.kl_weight else None
     features = drafter.select_features(teacher.hidden_states) if conditioned else None
     batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator, conditioned)
     logits = block_logits(model, batch, features)
@@ -249,12 +250,14 @@ def _mdlm(model, drafter, clean, valid, config, generator, features=None):
 
 
 @torch.no_grad()
-def _teacher_forward(verifier, drafter, ids: torch.Tensor, valid: torch.Tensor):
-    """The verifier teacher-forced on `ids` [B, L]: its logits, and the hidden states a conditioned drafter reads."""
+def _teacher_forward(verifier, drafter, ids: torch.Tensor, valid: torch.Tensor, logits: bool = False):
+    """The verifier teacher-forced on `ids` [B, L]: the hidden states a conditioned drafter reads, and its logits at
+    every position if `logits` (else only at the last one: the head over the whole vocabulary is costly)."""
     if verifier is None:
         raise ValueError("a conditioned drafter (or kl_weight) trains on the verifier's outputs: pass the verifier")
     hidden = drafter.verifier_hidden_states if drafter.config.is_conditioned else False
-    return verifier(input_ids=ids, attention_mask=valid.long(), output_hidden_states=hidden)
+    return verifier(input_ids=ids, attention_mask=valid.long(), output_hidden_states=hidden,
+                    logits_to_keep=0 if logits else 1)
 
 
 def verifier_features(verifier, drafter, ids: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

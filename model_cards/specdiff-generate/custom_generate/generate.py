@@ -198,7 +198,8 @@ class DraftTree:
                     depths.append(depth)
                 draws.setdefault(parent, []).append((row[depth - 1], index[key], is_fixed))
                 parent = index[key]
-                drafted |= set() if is_fixed else {parent}
+                if not is_fixed:
+                    drafted.add(parent)
         n = len(tokens)
         ancestors = torch.eye(n, dtype=torch.bool)
         for node in range(n):  # parents come before children
@@ -219,9 +220,8 @@ class DraftTree:
         return out[::-1]
 
 
-def top_k_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The k most probable sequences [k', g] (k' <= k) under the product of the marginals softmax(scores) [g, V]."""
-    log_q = scores.float().log_softmax(-1)
+def top_k_drafts(log_q: torch.Tensor, k: int) -> torch.Tensor:
+    """The k most probable sequences [k', g] (k' <= k) under the product of the marginals exp(log_q) [g, V]."""
     beams, beam_scores = torch.empty(1, 0, dtype=torch.long), torch.zeros(1)
     for position in range(log_q.shape[0]):
         width = min(k, log_q.shape[1])
@@ -235,19 +235,19 @@ def top_k_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
     return beams
 
 
-def prune_drafts(drafts: torch.Tensor, scores: torch.Tensor, max_nodes: int) -> list[list[int]]:
+def prune_drafts(drafts: torch.Tensor, log_q: torch.Tensor, max_nodes: int) -> list[list[int]]:
     """Cut the rows of `drafts` [K, g] so that their tree keeps only the `max_nodes` prefixes most probable under the
-    product of the marginals softmax(scores) [g, V] (a prefix is never less probable than its extensions, so the kept
+    product of the marginals exp(log_q) [g, V] (a prefix is never less probable than its extensions, so the kept
     set is a tree). For greedy verification, where a node costs verifier compute but only the argmax path counts."""
-    log_q = scores.float().log_softmax(-1)
     path_scores = log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()  # [K, g]
+    rows = drafts.tolist()
     best: dict[tuple, tuple[float, int]] = {}
-    for row, row_scores in zip(drafts.tolist(), path_scores):
+    for row, row_scores in zip(rows, path_scores):
         for depth, score in enumerate(row_scores, start=1):
             best[tuple(row[:depth])] = (-score, depth)
     kept = set(sorted(best, key=best.get)[:max_nodes])
     out = []
-    for row in drafts.tolist():
+    for row in rows:
         depth = 0
         while depth < len(row) and tuple(row[:depth + 1]) in kept:
             depth += 1
@@ -428,7 +428,8 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
             if do_sample:
                 drafts = sample_drafts(draft_scores, num_drafts)
             else:  # a node costs verifier compute: keep the most probable ones (the draws of sampling stay whole)
-                drafts = prune_drafts(top_k_drafts(draft_scores, num_drafts), draft_scores, max_tree_nodes)
+                log_q = draft_scores.float().log_softmax(-1)
+                drafts = prune_drafts(top_k_drafts(log_q, num_drafts), log_q, max_tree_nodes)
         lookup = prompt_lookup(input_ids[0].cpu(), min(lookup_tokens, room)) if lookup_tokens and room > 0 else []
         tree = DraftTree.from_drafts(drafts, fixed=lookup)
         tree_tokens = tree.tokens.to(input_ids.device)
@@ -566,8 +567,7 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
                                 draft_length, token_streamer, stats, model_kwargs)
     return _tree_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
                           num_drafts, draft_length, lookup_tokens, max_tree_nodes or drafter.config.block_size,
-                          token_streamer, stats,
-                          model_kwargs["past_key_values"])
+                          token_streamer, stats, model_kwargs["past_key_values"])
 
 
 def _check_pair(model, drafter):
@@ -600,9 +600,8 @@ def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int 
         kwargs["stopping_criteria"] = criteria
     return GenerationMixin.generate(model, *args, custom_generate=specdiff_generate, drafter=drafter,
                                     num_drafts=num_drafts, draft_length=draft_length, lookup_tokens=lookup_tokens,
-                                    max_tree_nodes=max_tree_nodes,
-                                    token_streamer=streamer,
-                                    specdiff_stats=stats, **kwargs)
+                                    max_tree_nodes=max_tree_nodes, token_streamer=streamer, specdiff_stats=stats,
+                                    **kwargs)
 
 
 __all__ = ["SpecDiffStats", "DiffusionCandidateGenerator", "DraftTree", "specdiff_generate", "generate"]
