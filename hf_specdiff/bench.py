@@ -7,8 +7,12 @@ request, each SpecDiff-2 method with a prompt-lookup branch in its tree ("+ look
 category and overall: tokens/s, speed-up over plain, tau (tokens per verifier forward), acceptance by draft
 position (SpecDiff methods), exact match with plain greedy, and the drafter's cost: milliseconds per drafter
 forward next to milliseconds per verifier forward. Writes results.json, results.md and PNG plots.
+
+A long run loses nothing on a crash: each finished prompt's records go to a JSON-lines file as they come, and a
+rerun with the same settings resumes after the last finished prompt.
 """
 
+import hashlib
 import json
 import resource
 import time
@@ -60,12 +64,16 @@ class _ForwardTimer:
 
 def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_drafter=None, ar_drafter=None,
               conditioned_drafter=None, num_drafts: tuple[int, ...] = (1,), max_new_tokens: int = 256,
-              prompt_lookup_tokens: int = 10, with_lookup: bool = False, progress: bool = True) -> dict:
+              prompt_lookup_tokens: int = 10, with_lookup: bool = False, only: list[str] | None = None,
+              records_file=None, run_info: dict | None = None, progress: bool = True) -> dict:
     """Run every available method on every prompt (interleaved) and return per-category and overall results.
 
     `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
     hidden states; either may be None. `with_lookup` adds, for every SpecDiff-2 method, a "+ lookup" one whose tree
-    also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens)."""
+    also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens). `only` keeps the named methods (plain always
+    runs: it is the reference). `records_file` (JSON lines) receives each prompt's records when the prompt is done;
+    if it exists, its finished prompts are kept and the run goes on from there, provided the methods, prompts and
+    `run_info` (anything else a resumed run must share, such as the drafter paths) are the same."""
     methods = {"plain": dict()}
     methods["prompt lookup"] = dict(prompt_lookup_num_tokens=prompt_lookup_tokens)
     if ar_drafter is not None:
@@ -81,17 +89,25 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     if with_lookup:
         for name in [m for m in methods if m.startswith("SpecDiff-2")]:
             methods[f"{name} + lookup"] = dict(methods[name], lookup_tokens=prompt_lookup_tokens)
+    if only is not None:
+        unknown = [m for m in only if m not in methods]
+        if unknown:
+            raise ValueError(f"unknown method(s) {unknown}; with the drafters given, the methods are {list(methods)}")
+        methods = {m: o for m, o in methods.items() if m == "plain" or m in only}
 
+    settings = {"methods": list(methods), "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
+                "prompt_lookup_tokens": prompt_lookup_tokens, "prompts": _fingerprint(prompts), **(run_info or {})}
+    records, done = _resume(records_file, settings)
     counter = _ForwardTimer(verifier)
     drafter_timers = {id(m): _ForwardTimer(m) for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter)
                       if m is not None}
-    records = []
-    for item in tqdm(prompts, desc="bench", disable=not progress):
+    for index, item in enumerate(tqdm(prompts[done:], desc="bench", initial=done, total=len(prompts),
+                                      disable=not progress), start=done):
         inputs = tokenizer.apply_chat_template([{"role": "user", "content": item["prompt"]}],
                                                add_generation_prompt=True, return_tensors="pt", return_dict=True)
         inputs = {k: v.to(verifier.device) for k, v in inputs.items()}
         prompt_len = inputs["input_ids"].shape[1]
-        reference = None
+        reference, mine = None, []
         for name, options in methods.items():
             options = dict(options)
             stats = SpecDiffStats()
@@ -109,14 +125,41 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
             seconds = time.perf_counter() - start
             tokens = out[0, prompt_len:].tolist()
             reference = tokens if name == "plain" else reference
-            records.append({"category": item["category"], "method": name, "tokens": len(tokens), "seconds": seconds,
-                            "forwards": counter.count, "verifier_seconds": counter.seconds,
-                            "drafter_forwards": drafter_timer.count if drafter_timer else 0,
-                            "drafter_seconds": drafter_timer.seconds if drafter_timer else 0.0,
-                            "exact": tokens == reference, "drafted": stats.drafted, "accepted": stats.accepted})
+            mine.append({"category": item["category"], "method": name, "tokens": len(tokens), "seconds": seconds,
+                         "forwards": counter.count, "verifier_seconds": counter.seconds,
+                         "drafter_forwards": drafter_timer.count if drafter_timer else 0,
+                         "drafter_seconds": drafter_timer.seconds if drafter_timer else 0.0,
+                         "exact": tokens == reference, "drafted": stats.drafted, "accepted": stats.accepted})
+        records += mine
+        if records_file is not None:
+            with open(records_file, "a") as f:
+                f.write(json.dumps({"prompt": index, "records": mine}) + "\n")
     for timer in (counter, *drafter_timers.values()):
         timer.remove()
     return summarize(records, list(methods))
+
+
+def _fingerprint(prompts: list[dict]) -> str:
+    return hashlib.sha256(json.dumps(prompts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _resume(records_file, settings: dict) -> tuple[list[dict], int]:
+    """The records already in `records_file` and how many prompts they cover; starts the file if it is new."""
+    if records_file is None:
+        return [], 0
+    path = Path(records_file)
+    if not path.exists() or not path.read_text().strip():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"settings": settings}) + "\n")
+        return [], 0
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    old = lines[0].get("settings") or {}
+    if old != settings:
+        differ = {k: (old.get(k), settings.get(k)) for k in {*old, *settings} if old.get(k) != settings.get(k)}
+        raise ValueError(f"{path} holds records of a run with other settings (then, now: {differ}); delete it or "
+                         "write to another folder")
+    records = [r for line in lines[1:] for r in line["records"]]
+    return records, len(lines) - 1
 
 
 def summarize(records: list[dict], methods: list[str]) -> dict:

@@ -1,6 +1,7 @@
 """The `hf-specdiff` command."""
 
 import argparse
+from pathlib import Path
 import sys
 
 import torch
@@ -83,6 +84,9 @@ def cmd_bench(args):
     from .verifiers import load_verifier
 
     torch.set_num_threads(args.threads)
+    settings = {k: v for k, v in vars(args).items() if k != "func"}
+    run_info = {k: settings[k] for k in ("verifier", "drafter", "compare_drafter", "mdlm_drafter", "ar_drafter",
+                                         "dtype", "threads")}
     verifier, tokenizer = load_verifier(args.verifier, dtype=_dtype(args.dtype), device=args.device)
 
     def load(path):
@@ -104,15 +108,15 @@ def cmd_bench(args):
                         drafter=(kinds[False] or [None])[0], conditioned_drafter=(kinds[True] or [None])[0],
                         mdlm_drafter=load(args.mdlm_drafter), ar_drafter=load(args.ar_drafter),
                         num_drafts=tuple(int(k) for k in args.num_drafts.split(",")),
-                        max_new_tokens=args.max_new_tokens, with_lookup=args.with_lookup)
-    summary["settings"] = {k: v for k, v in vars(args).items() if k != "func"}
+                        max_new_tokens=args.max_new_tokens, with_lookup=args.with_lookup, only=args.method,
+                        records_file=Path(args.out) / "records.jsonl", run_info=run_info)
+    summary["settings"] = settings
     print(markdown_table(summary))
     save(summary, args.out)
 
 
 def cmd_card(args):
     import json
-    from pathlib import Path
 
     from .hub import render_card, validate_model_folder
 
@@ -215,11 +219,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-drafts", default="1,4", help="comma-separated K values for SpecDiff-2")
     p.add_argument("--with-lookup", action="store_true",
                    help="also run each SpecDiff-2 method with a prompt-lookup branch in its tree (+ lookup)")
+    p.add_argument("--method", action="append", default=None,
+                   help="run only this method (repeatable; plain always runs), e.g. --method 'prompt lookup'")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default=None)
-    p.add_argument("--out", default="results")
+    p.add_argument("--out", default="results",
+                   help="results folder; its records.jsonl keeps each finished prompt, and a rerun resumes from it")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("card", help="render a drafter folder's model card and validate the folder")

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 import torch
 
 from hf_specdiff.bench import benchmark, read_spec_bench, save
@@ -44,3 +45,48 @@ def test_bench_runs_every_method_and_writes_results(tmp_path):
         assert (out / name).stat().st_size > 0
     assert "| overall |" in (out / "results.md").read_text()
     assert "drafter forward: AR drafter" in (out / "results.md").read_text()
+
+
+def _questions(tmp_path, n=4):
+    path = tmp_path / "question.jsonl"
+    path.write_text("".join(json.dumps({"category": "qa", "turns": [f"t{5 + i} t9 t{20 + i} t7"]}) + "\n"
+                            for i in range(n)))
+    return read_spec_bench(path, per_category=n)
+
+
+def test_bench_runs_only_the_methods_asked_for(tmp_path):
+    verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
+    drafter = tiny_drafter(verifier, block_size=8)
+    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 2), drafter=drafter, num_drafts=(1, 4),
+                        max_new_tokens=8, only=["SpecDiff-2 (K=4)"], progress=False)
+    assert summary["methods"] == ["plain", "SpecDiff-2 (K=4)"]
+    with pytest.raises(ValueError, match=r"unknown method\(s\) \['AR drafter'\].*'SpecDiff-2 \(K=1\)'"):
+        benchmark(verifier, tokenizer, _questions(tmp_path, 2), drafter=drafter, only=["AR drafter"], progress=False)
+
+
+def test_bench_resumes_after_a_crash_without_redoing_finished_prompts(tmp_path):
+    verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
+    prompts, records = _questions(tmp_path), tmp_path / "results" / "records.jsonl"
+    seen = []
+    template = tokenizer.apply_chat_template
+
+    def crash_on_third_prompt(*args, **kwargs):
+        seen.append(args[0][0]["content"])
+        if len(seen) == 3:
+            raise KeyboardInterrupt
+        return template(*args, **kwargs)
+
+    tokenizer.apply_chat_template = crash_on_third_prompt
+    with pytest.raises(KeyboardInterrupt):
+        benchmark(verifier, tokenizer, prompts, max_new_tokens=8, records_file=records, progress=False)
+    assert len(records.read_text().splitlines()) == 1 + 2  # settings, then the two finished prompts
+
+    seen.clear()
+    summary = benchmark(verifier, tokenizer, prompts, max_new_tokens=8, records_file=records, progress=False)
+    assert seen == [p["prompt"] for p in prompts[2:]]  # only the unfinished prompts ran again
+    assert summary["results"]["overall"]["prompt lookup"]["prompts"] == 4
+    assert [r["method"] for r in summary["records"]] == ["plain", "prompt lookup"] * 4
+    assert all(r["exact"] for r in summary["records"])
+
+    with pytest.raises(ValueError, match="records of a run with other settings"):
+        benchmark(verifier, tokenizer, prompts, max_new_tokens=9, records_file=records, progress=False)

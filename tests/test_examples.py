@@ -75,3 +75,19 @@ def test_benchmark(models, tmp_path, kind):
               "--prompts", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "16",
               "--dtype", "fp32", "--out", str(tmp_path / "results"))
     assert "| overall |" in out and (tmp_path / "results" / "results.json").exists()
+
+
+def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, capsys):
+    from hf_specdiff.cli import main
+
+    args = ["bench", "--verifier", str(models / "verifier"), "--drafter", str(models / "conditioned"),
+            "--prompts", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "8",
+            "--dtype", "fp32", "--threads", "1", "--method", "SpecDiff-2 conditioned (K=4)", "--out", str(tmp_path)]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "results.json").read_text())
+    assert summary["methods"] == ["plain", "SpecDiff-2 conditioned (K=4)"]
+    assert len((tmp_path / "records.jsonl").read_text().splitlines()) == 1 + 2
+    assert main(args) == 0  # everything is already done: the rerun reads the records back
+    assert json.loads((tmp_path / "results.json").read_text())["records"] == summary["records"]
+    assert main([a if a != "8" else "9" for a in args]) == 2
+    assert "other settings (then, now: {'max_new_tokens': (8, 9)})" in capsys.readouterr().err
