@@ -148,11 +148,11 @@ def _resume(records_file, settings: dict) -> tuple[list[dict], int]:
     if records_file is None:
         return [], 0
     path = Path(records_file)
-    if not path.exists() or not path.read_text().strip():
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    if not lines:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"settings": settings}) + "\n")
         return [], 0
-    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     old = lines[0].get("settings") or {}
     if old != settings:
         differ = {k: (old.get(k), settings.get(k)) for k in {*old, *settings} if old.get(k) != settings.get(k)}
