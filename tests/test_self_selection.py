@@ -112,13 +112,35 @@ def test_fixed_draft_joins_the_tree():
     assert [fixed for _, _, fixed in tree.draws[-1]] == [False, False, True]  # one draw per draft, in order
 
 
-def test_prune_drafts_keeps_the_most_probable_prefixes():
-    scores = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.9, 0.05, 0.05]]).log()
-    drafts = torch.tensor([[0, 0, 0], [0, 1, 0], [1, 0, 0]])
+def test_prune_drafts_keeps_the_most_likely_prefixes():
+    log_q = torch.tensor([[0.6, 0.3, 0.1], [0.5, 0.4, 0.1], [0.9, 0.05, 0.05]]).log()
+    drafts = [[0, 0, 0], [0, 1, 0], [1, 0, 0]]
+    scores = [log_q[torch.arange(3), torch.tensor(row)].cumsum(0).tolist() for row in drafts]
     # prefix probabilities: 0 .6 | 1 .3, 00 .3 | 000 .27 | 01 .24 | 010 .216 | 10 .15 (ties: the shorter first)
     assert decoding.prune_drafts(drafts, scores, 3) == [[0, 0], [0], [1]]
     assert decoding.prune_drafts(drafts, scores, 5) == [[0, 0, 0], [0, 1], [1]]
-    assert decoding.prune_drafts(drafts, scores, 100) == drafts.tolist()
+    assert decoding.prune_drafts(drafts, scores, 100) == drafts
+    # a lookup row [2, 2] accepted at rates .5 then .9 competes for the same budget: 22 (.45) beats 000 (.27)
+    lookup_scores = torch.tensor([0.5, 0.9]).log().cumsum(0).tolist()
+    assert decoding.prune_drafts(drafts + [[2, 2]], scores + [lookup_scores], 5) == [[0, 0], [0], [1], [2, 2]]
+    # a row sharing a prefix with another counts the shared nodes once
+    assert decoding.prune_drafts([[0, 0], [0, 0, 1]], [[-0.1, -0.2], [-0.1, -0.2, -0.3]], 3) == [[0, 0], [0, 0, 1]]
+
+
+def test_tree_holds_at_most_max_tree_nodes_lookup_included(trained):
+    verifier, drafter = trained("llama")
+    prompt = PROMPTS[:1].repeat(1, 3)  # repeats itself: the lookup branch has a match from the start
+    query_lengths = []
+    hook = verifier.register_forward_pre_hook(lambda _, args, kwargs: query_lengths.append(kwargs["input_ids"].shape[1]),
+                                              with_kwargs=True)
+    try:
+        out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=40, do_sample=False, eos_token_id=None,
+                                   num_drafts=4, lookup_tokens=10, max_tree_nodes=5)
+    finally:
+        hook.remove()
+    assert out.tolist() == verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None).tolist()
+    assert max(query_lengths[1:]) <= 1 + 5 and query_lengths[0] <= prompt.shape[1] + 5  # the committed token + nodes
+    assert max(query_lengths[1:]) == 6  # the budget is used
 
 
 @pytest.mark.parametrize("arch", list(VERIFIERS))

@@ -40,6 +40,12 @@ from transformers.generation.stopping_criteria import StopStringCriteria, Stoppi
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 
+# Greedy trees keep at most this many nodes: with the last committed token, a verifier forward over 16 positions.
+# On CPUs with AMX (oneDNN takes rows in blocks of 16) that costs about what a forward over one position does, and
+# each position past 16 adds about 1.5 ms to a 60 ms SmolLM2-135M forward. On a GPU a larger tree is almost free.
+DEFAULT_MAX_TREE_NODES = 15
+
+
 @dataclass
 class SpecDiffStats:
     """What one generation did: rounds (verifier forwards), tokens, and acceptance by draft position."""
@@ -91,14 +97,18 @@ class DraftLengthController:
         self.reached = torch.zeros(max_length)
         self.accepted = torch.zeros(max_length)
 
-    def next_length(self) -> int:
-        if self.fixed is not None:
-            return self.fixed
+    def rates(self) -> torch.Tensor:
+        """a_1..a_max_length: the measured rate of each position given the ones before it."""
         rate = (self.accepted + 1) / (self.reached + 1)
         for i in range(1, self.max_length):  # a position never reached yet is taken to do as well as the one before
             if self.reached[i] == 0:
                 rate[i] = rate[i - 1]
-        expected = 1 + rate.cumprod(0).cumsum(0)
+        return rate
+
+    def next_length(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        expected = 1 + self.rates().cumprod(0).cumsum(0)
         lengths = torch.arange(1, self.max_length + 1)
         return int(lengths[(expected / (1 + self.cost_per_token * lengths)).argmax()])
 
@@ -235,16 +245,15 @@ def top_k_drafts(log_q: torch.Tensor, k: int) -> torch.Tensor:
     return beams
 
 
-def prune_drafts(drafts: torch.Tensor, log_q: torch.Tensor, max_nodes: int) -> list[list[int]]:
-    """Cut the rows of `drafts` [K, g] so that their tree keeps only the `max_nodes` prefixes most probable under the
-    product of the marginals exp(log_q) [g, V] (a prefix is never less probable than its extensions, so the kept
-    set is a tree). For greedy verification, where a node costs verifier compute but only the argmax path counts."""
-    path_scores = log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()  # [K, g]
-    rows = drafts.tolist()
+def prune_drafts(rows: list[list[int]], path_scores: list[list[float]], max_nodes: int) -> list[list[int]]:
+    """Cut `rows` so that their tree keeps only the `max_nodes` prefixes of highest score. `path_scores[r][d]` is
+    the log-probability that prefix `rows[r][:d + 1]` is accepted, so it never grows along a row and the kept set is
+    a tree. For greedy verification, where a node costs verifier compute but only the argmax path counts."""
     best: dict[tuple, tuple[float, int]] = {}
     for row, row_scores in zip(rows, path_scores):
         for depth, score in enumerate(row_scores, start=1):
-            best[tuple(row[:depth])] = (-score, depth)
+            key = tuple(row[:depth])
+            best[key] = min(best.get(key, (float("inf"), depth)), (-score, depth))
     kept = set(sorted(best, key=best.get)[:max_nodes])
     out = []
     for row in rows:
@@ -406,6 +415,7 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
         cache.activate_past_recording()
     do_sample = bool(generation_config.do_sample)
     controller = DraftLengthController(drafter.config.block_size, draft_length)
+    lookup_rates = DraftLengthController(max(lookup_tokens, 1))  # the lookup draft's measured acceptance by depth
     drafter_cache = drafter.new_cache()
     conditioned = _is_conditioned(drafter)
     output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
@@ -420,17 +430,23 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
         if conditioned and not drafter_cache.verifier_features.usable_length(input_ids[0]):
             num_tokens = 0  # the verifier reads the prompt first
         drafts = []
+        lookup = prompt_lookup(input_ids[0].cpu(), min(lookup_tokens, room)) if lookup_tokens and room > 0 else []
         if num_tokens > 0:
             _, draft_scores = drafter.draft(input_ids.to(drafter.device), drafter_cache, num_tokens, logits_processor,
                                             num_steps=1)
             stats.drafter_forwards += 1
             draft_scores = draft_scores.to(input_ids.device)
-            if do_sample:
+            if do_sample:  # the draws of sampling stay whole
                 drafts = sample_drafts(draft_scores, num_drafts)
-            else:  # a node costs verifier compute: keep the most probable ones (the draws of sampling stay whole)
+        if not do_sample:  # a node costs verifier compute: keep the nodes most likely to be accepted
+            rows, scores = [lookup], [lookup_rates.rates()[:len(lookup)].log().cumsum(0).tolist()]
+            if num_tokens > 0:
                 log_q = draft_scores.float().log_softmax(-1)
-                drafts = prune_drafts(top_k_drafts(log_q, num_drafts), log_q, max_tree_nodes)
-        lookup = prompt_lookup(input_ids[0].cpu(), min(lookup_tokens, room)) if lookup_tokens and room > 0 else []
+                drafts = top_k_drafts(log_q, num_drafts)
+                rows += drafts.tolist()
+                scores += log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()
+            rows = prune_drafts(rows, scores, max_tree_nodes)
+            lookup, drafts = rows[0], rows[1:]
         tree = DraftTree.from_drafts(drafts, fixed=lookup)
         tree_tokens = tree.tokens.to(input_ids.device)
         past = cache.get_seq_length()
@@ -462,8 +478,12 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
         else:
             path, next_token = accept_greedy(tree, target_scores)
         stats.record_round(int(tree.depths.max()) if len(tree) else 0, len(path))
-        if num_tokens > 0:
-            controller.update(num_tokens, next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path)))
+        if num_tokens > 0:  # the drafter's positions that were verified (pruning may cut the deepest)
+            accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
+            controller.update(max(map(len, drafts), default=0), accepted)
+        if lookup:
+            lookup_rates.update(len(lookup), next((d for d, (n, token) in enumerate(zip(path, lookup))
+                                                   if int(tree.tokens[n]) != token), min(len(path), len(lookup))))
         compact_cache(cache, len(tree), path)
         if conditioned:  # what the verifier read: the committed tokens and the accepted path
             features = drafter.select_features(outputs.hidden_states)[0]
@@ -532,8 +552,10 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         draft_length: a fixed draft length (<= block size); `None` adapts it to measured acceptance.
         lookup_tokens: if > 0, each round's tree also holds a prompt-lookup draft of up to this many tokens (the
             continuation of the latest earlier match of the context's last 1-3 tokens); runs the tree loop.
-        max_tree_nodes: greedy self-selection keeps at most this many drafter nodes per round, the most probable
-            prefixes of the K drafts (`None`: the drafter's block size). Sampling verifies the K draws whole.
+        max_tree_nodes: greedy self-selection verifies at most this many tree nodes per round, lookup branch
+            included: the prefixes most likely to be accepted, drafter nodes by the drafter's marginals, lookup nodes
+            by the lookup draft's measured acceptance at each depth (`None`: 15, see `DEFAULT_MAX_TREE_NODES`).
+            Sampling verifies the K draws and the lookup draft whole.
         token_streamer: a streamer (`put`/`end`), since transformers does not forward `streamer` to custom loops;
             like `generate`, it gets the prompt first, then the new tokens.
         specdiff_stats: a `SpecDiffStats` to fill; the last run's stats are also left on `drafter.last_stats`.
@@ -566,7 +588,7 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         return _linear_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
                                 draft_length, token_streamer, stats, model_kwargs)
     return _tree_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
-                          num_drafts, draft_length, lookup_tokens, max_tree_nodes or drafter.config.block_size,
+                          num_drafts, draft_length, lookup_tokens, max_tree_nodes or DEFAULT_MAX_TREE_NODES,
                           token_streamer, stats, model_kwargs["past_key_values"])
 
 
@@ -584,8 +606,8 @@ def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int 
     """`model.generate(*args, **kwargs)` with SpecDiff drafting: the short form, and the Hub `custom_generate` entry.
 
     Takes every `generate` argument, plus `drafter`, `num_drafts` (K), `draft_length` (None: adaptive),
-    `lookup_tokens` (a prompt-lookup branch in the tree; 0: none), `max_tree_nodes` (greedy tree size; None: the
-    block size), `streamer` and `stats` (a `SpecDiffStats` to fill).
+    `lookup_tokens` (a prompt-lookup branch in the tree; 0: none), `max_tree_nodes` (greedy tree size, lookup branch
+    included; None: `DEFAULT_MAX_TREE_NODES`), `streamer` and `stats` (a `SpecDiffStats` to fill).
     """
     if drafter is None:
         raise ValueError("Pass the drafter: generate(model, drafter, **inputs) or model.generate(..., drafter=drafter)")
