@@ -1,6 +1,7 @@
 """SpecDiff-2 self-selection: K drafts verified as one prefix tree, exact for greedy and sampling."""
 
 import copy
+import os
 
 import pytest
 import torch
@@ -141,6 +142,28 @@ def test_tree_holds_at_most_max_tree_nodes_lookup_included(trained):
     assert out.tolist() == verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None).tolist()
     assert max(query_lengths[1:]) <= 1 + 5 and query_lengths[0] <= prompt.shape[1] + 5  # the committed token + nodes
     assert max(query_lengths[1:]) == 6  # the budget is used
+
+
+def test_tree_forwards_attend_over_grouped_heads_and_restore_the_setting(trained, monkeypatch):
+    verifier, drafter = trained("llama")  # 4 query heads over 2 key/value heads
+    monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
+    sdpa, key_heads = torch.nn.functional.scaled_dot_product_attention, []
+
+    def recording_sdpa(query, key, *args, **kwargs):
+        key_heads.append((query.shape[2], key.shape[1], kwargs.get("enable_gqa", False)))
+        return sdpa(query, key, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    prompt = PROMPTS[:1]
+    out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=20, do_sample=False, eos_token_id=None,
+                               num_drafts=4)
+    assert {(heads, gqa) for rows, heads, gqa in key_heads if rows > 1} == {(2, True)}  # no copied heads
+    assert "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    assert out.tolist() == verifier.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None).tolist()
+    monkeypatch.setenv("TRANSFORMERS_SDPA_FORCE_GQA", "0")  # the user's choice wins
+    with decoding.grouped_heads_in_sdpa(verifier):
+        assert os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] == "0"
 
 
 @pytest.mark.parametrize("arch", list(VERIFIERS))
