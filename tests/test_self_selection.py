@@ -132,8 +132,8 @@ def test_tree_holds_at_most_max_tree_nodes_lookup_included(trained):
     verifier, drafter = trained("llama")
     prompt = PROMPTS[:1].repeat(1, 3)  # repeats itself: the lookup branch has a match from the start
     query_lengths = []
-    hook = verifier.register_forward_pre_hook(lambda _, args, kwargs: query_lengths.append(kwargs["input_ids"].shape[1]),
-                                              with_kwargs=True)
+    hook = verifier.register_forward_pre_hook(
+        lambda _, args, kwargs: query_lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
     try:
         out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=40, do_sample=False, eos_token_id=None,
                                    num_drafts=4, lookup_tokens=10, max_tree_nodes=5)

@@ -436,7 +436,7 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
         cache.activate_past_recording()
     do_sample = bool(generation_config.do_sample)
     controller = DraftLengthController(drafter.config.block_size, draft_length)
-    lookup_rates = DraftLengthController(max(lookup_tokens, 1))  # the lookup draft's measured acceptance by depth
+    lookup_rates = DraftLengthController(max(lookup_tokens, 1))  # the lookup draft's acceptance by depth (greedy)
     drafter_cache = drafter.new_cache()
     conditioned = _is_conditioned(drafter)
     output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
@@ -503,9 +503,11 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
         if num_tokens > 0:  # the drafter's positions that were verified (pruning may cut the deepest)
             accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
             controller.update(max(map(len, drafts), default=0), accepted)
-        if lookup:
-            lookup_rates.update(len(lookup), next((d for d, (n, token) in enumerate(zip(path, lookup))
-                                                   if int(tree.tokens[n]) != token), min(len(path), len(lookup))))
+        if lookup and not do_sample:  # how far the accepted path followed the lookup draft
+            followed = 0
+            while followed < min(len(path), len(lookup)) and int(tree.tokens[path[followed]]) == lookup[followed]:
+                followed += 1
+            lookup_rates.update(len(lookup), followed)
         compact_cache(cache, len(tree), path)
         if conditioned:  # what the verifier read: the committed tokens and the accepted path
             features = drafter.select_features(outputs.hidden_states)[0]
