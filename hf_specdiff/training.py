@@ -217,19 +217,14 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
     teacher = _teacher_forward(verifier, drafter, clean, valid, logits=bool(config.kl_weight)) \
         if conditioned or config.kl_weight else None
     features = drafter.select_features(teacher.hidden_states) if conditioned else None
+    if config.objective == "mdlm":  # random masking ratios; the unaligned SpecDiff objective
+        return _mdlm(model, drafter, clean, valid, config, generator, features)
     batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator, conditioned)
     logits = block_logits(model, batch, features)
     targets = drafter.to_draft_vocab(batch.targets)
     targets = targets.masked_fill(~valid[:, batch.block_slice].reshape(targets.shape), -1)
-    if config.objective == "streak":
-        loss = streak_loss(logits, targets)
-    elif config.objective == "ce-streak":
-        loss = ce_streak_loss(logits, targets)
-    elif config.objective == "mdlm":
-        loss = _mdlm(model, drafter, clean, valid, config, generator, features)
-    else:
-        raise ValueError(f"objective must be one of {OBJECTIVES}, got {config.objective!r}")
-    if config.mdlm_weight and config.objective != "mdlm":
+    loss = streak_loss(logits, targets) if config.objective == "streak" else ce_streak_loss(logits, targets)
+    if config.mdlm_weight:
         loss = loss + config.mdlm_weight * _mdlm(model, drafter, clean, valid, config, generator, features)
     if config.kl_weight:
         # the verifier's logit at position t-1 predicts token t
@@ -438,6 +433,8 @@ def _validate(config: TrainConfig):
         raise ValueError(f"verifier_layers must be empty, 'auto' or a list like '1,14,28', got {config.verifier_layers!r}")
     if config.objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {config.objective!r}")
+    if config.objective == "mdlm" and (config.kl_weight or config.mdlm_weight):
+        raise ValueError("kl_weight and mdlm_weight add terms to a streak objective; objective=mdlm takes neither")
     if config.noise not in NOISE_MODES:
         raise ValueError(f"noise must be one of {NOISE_MODES}, got {config.noise!r}")
     if config.precision not in ("fp32", "bf16"):

@@ -176,6 +176,8 @@ def test_training_errors(workspace, tmp_path):
         train(base_config(root, "x", block_size=48), progress=False)
     with pytest.raises(ValueError, match="objective must be one of"):
         train(base_config(root, "x", objective="kl"), progress=False)
+    with pytest.raises(ValueError, match="objective=mdlm takes neither"):
+        train(base_config(root, "x", objective="mdlm", kl_weight=1.0), progress=False)
     with pytest.raises(ValueError, match="verifier_layers must be empty, 'auto' or a list"):
         train(base_config(root, "x", verifier_layers="middle"), progress=False)
     with pytest.raises(ValueError, match="does not apply to kind=ar"):
