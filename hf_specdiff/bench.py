@@ -1,9 +1,9 @@
 """`hf-specdiff bench`: every method on the same Spec-Bench prompts, interleaved per prompt, in one process.
 
 Methods: plain greedy `generate`, prompt-lookup decoding, an autoregressive drafter (transformers' own
-`assistant_model` path), SpecDiff (an unaligned MDLM drafter, K=1), SpecDiff-2 (the aligned drafter, K=1 and
-each K asked for), SpecDiff-2 conditioned (a drafter that reads the verifier's hidden states, same Ks) and, on
-request, each SpecDiff-2 method with a prompt-lookup branch in its tree ("+ lookup"). Per
+`assistant_model` path), SpecDiff (an unaligned MDLM drafter), SpecDiff-2 (the aligned drafter), SpecDiff-2
+conditioned (a drafter that reads the verifier's hidden states), each drafter at every K asked for (K=1: one draft;
+K>1: self-selection) and, on request, with a prompt-lookup branch in its tree ("+ lookup"). Per
 category and overall: tokens/s, speed-up over plain, tau (tokens per verifier forward), acceptance by draft
 position (SpecDiff methods), exact match with plain greedy, and the drafter's cost: milliseconds per drafter
 forward next to milliseconds per verifier forward. Writes results.json, results.md and PNG plots.
@@ -69,7 +69,8 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     """Run every available method on every prompt (interleaved) and return per-category and overall results.
 
     `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
-    hidden states; either may be None. `with_lookup` adds, for every SpecDiff-2 method, a "+ lookup" one whose tree
+    hidden states, `mdlm_drafter` an unaligned one of either kind (its label says which); any may be None. Each
+    runs at every K in `num_drafts`. `with_lookup` adds, for every SpecDiff method, a "+ lookup" one whose tree
     also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens). `only` keeps the named methods (plain always
     runs: it is the reference). `records_file` (JSON lines) receives each prompt's records when the prompt is done;
     if it exists, its finished prompts are kept and the run goes on from there, provided the methods, prompts and
@@ -79,7 +80,9 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     if ar_drafter is not None:
         methods["AR drafter"] = dict(assistant_model=ar_drafter)
     if mdlm_drafter is not None:
-        methods["SpecDiff (mdlm, K=1)"] = dict(specdiff=mdlm_drafter, num_drafts=1)
+        kind = " conditioned" if mdlm_drafter.config.is_conditioned else ""
+        for k in num_drafts:
+            methods[f"SpecDiff{kind} (mdlm, K={k})"] = dict(specdiff=mdlm_drafter, num_drafts=k)
     if drafter is not None:
         for k in num_drafts:
             methods[f"SpecDiff-2 (K={k})"] = dict(specdiff=drafter, num_drafts=k)
@@ -87,7 +90,7 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
         for k in num_drafts:
             methods[f"SpecDiff-2 conditioned (K={k})"] = dict(specdiff=conditioned_drafter, num_drafts=k)
     if with_lookup:
-        for name in [m for m in methods if m.startswith("SpecDiff-2")]:
+        for name in [m for m in methods if m.startswith("SpecDiff")]:
             methods[f"{name} + lookup"] = dict(methods[name], lookup_tokens=prompt_lookup_tokens)
     if only is not None:
         unknown = [m for m in only if m not in methods]

@@ -25,8 +25,8 @@ def test_bench_runs_every_method_and_writes_results(tmp_path):
                         ar_drafter=tiny_verifier("llama", seed=1), conditioned_drafter=conditioned, num_drafts=(1, 4),
                         max_new_tokens=24, with_lookup=True, progress=False)
     specdiff2 = ["SpecDiff-2 (K=1)", "SpecDiff-2 (K=4)", "SpecDiff-2 conditioned (K=1)", "SpecDiff-2 conditioned (K=4)"]
-    methods = ["plain", "prompt lookup", "AR drafter", "SpecDiff (mdlm, K=1)", *specdiff2,
-               *[f"{m} + lookup" for m in specdiff2]]
+    specdiff = ["SpecDiff (mdlm, K=1)", "SpecDiff (mdlm, K=4)", *specdiff2]
+    methods = ["plain", "prompt lookup", "AR drafter", *specdiff, *[f"{m} + lookup" for m in specdiff]]
     assert summary["methods"] == methods
     assert set(summary["results"]) == {"math", "qa", "overall"}
     overall = summary["results"]["overall"]
@@ -62,6 +62,17 @@ def test_bench_runs_only_the_methods_asked_for(tmp_path):
     assert summary["methods"] == ["plain", "SpecDiff-2 (K=4)"]
     with pytest.raises(ValueError, match=r"unknown method\(s\) \['AR drafter'\].*'SpecDiff-2 \(K=1\)'"):
         benchmark(verifier, tokenizer, _questions(tmp_path, 2), drafter=drafter, only=["AR drafter"], progress=False)
+
+
+def test_bench_labels_a_conditioned_mdlm_drafter_and_gives_it_self_selection_and_lookup(tmp_path):
+    verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
+    mdlm = tiny_drafter(verifier, block_size=8, conditioned=True)
+    names = ["SpecDiff conditioned (mdlm, K=1) + lookup", "SpecDiff conditioned (mdlm, K=4) + lookup"]
+    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 2), mdlm_drafter=mdlm, num_drafts=(1, 4),
+                        max_new_tokens=12, with_lookup=True, only=names, progress=False)
+    assert summary["methods"] == ["plain", *names]
+    for name in names:
+        assert summary["results"]["overall"][name]["exact_match"] == 1.0
 
 
 def test_bench_resumes_after_a_crash_without_redoing_finished_prompts(tmp_path):
