@@ -320,3 +320,21 @@ def test_draft_length_adapts_to_measured_acceptance():
         controller.update(num_drafted=length, num_accepted=length)  # now everything is accepted
     assert controller.next_length() == 16
     assert decoding.DraftLengthController(max_length=16, fixed=5).next_length() == 5
+
+
+def test_top_k_drafts_are_the_k_most_probable_sequences():
+    import itertools
+
+    torch.manual_seed(0)
+    log_q = torch.randn(3, 6).log_softmax(-1)
+    log_q[1, 2] = float("-inf")  # outside a reduced draft vocabulary
+    best = sorted(itertools.product(range(6), repeat=3), key=lambda seq: -sum(log_q[i, t] for i, t in enumerate(seq)))
+    assert decoding.top_k_drafts(log_q, 5).tolist() == [list(seq) for seq in best[:5]]
+    assert decoding.top_k_drafts(log_q, 1).tolist() == [log_q.argmax(-1).tolist()]
+
+
+def test_unreached_draft_positions_take_the_last_measured_rate():
+    controller = decoding.DraftLengthController(max_length=5)
+    assert controller.rates().tolist() == [1.0] * 5
+    controller.update(num_drafted=5, num_accepted=1)  # position 1 accepted, position 2 rejected, 3-5 not reached
+    assert controller.rates().tolist() == [1.0, 0.5, 0.5, 0.5, 0.5]

@@ -102,9 +102,9 @@ class DraftLengthController:
     def rates(self) -> torch.Tensor:
         """a_1..a_max_length: the measured rate of each position given the ones before it."""
         rate = (self.accepted + 1) / (self.reached + 1)
-        for i in range(1, self.max_length):  # a position never reached yet is taken to do as well as the one before
-            if self.reached[i] == 0:
-                rate[i] = rate[i - 1]
+        reached = int(self.reached.count_nonzero())  # the positions reached so far are a prefix
+        if reached:  # a position never reached yet is taken to do as well as the last one reached
+            rate[reached:] = rate[reached - 1]
         return rate
 
     def next_length(self) -> int:
@@ -234,17 +234,13 @@ class DraftTree:
 
 def top_k_drafts(log_q: torch.Tensor, k: int) -> torch.Tensor:
     """The k most probable sequences [k', g] (k' <= k) under the product of the marginals exp(log_q) [g, V]."""
-    beams, beam_scores = torch.empty(1, 0, dtype=torch.long), torch.zeros(1)
-    for position in range(log_q.shape[0]):
-        width = min(k, log_q.shape[1])
-        top = log_q[position].topk(width)
-        candidates = (beam_scores[:, None] + top.values[None]).flatten()
-        best = candidates.topk(min(k, candidates.numel()))
-        beams = torch.cat([beams[best.indices // width], top.indices[best.indices % width, None]], dim=1)
-        beam_scores = best.values
-        keep = beam_scores > float("-inf")
-        beams, beam_scores = beams[keep], beam_scores[keep]
-    return beams
+    top = log_q.topk(min(k, log_q.shape[1]), dim=-1)  # a best sequence only uses each position's k best tokens
+    beams = [((), 0.0)]
+    for values, tokens in zip(top.values.tolist(), top.indices.tolist()):  # beam search, k wide
+        candidates = sorted(((beam + (token,), score + value) for beam, score in beams
+                             for value, token in zip(values, tokens)), key=lambda c: -c[1])
+        beams = [c for c in candidates[:k] if c[1] > float("-inf")]
+    return torch.tensor([beam for beam, _ in beams], dtype=torch.long).reshape(len(beams), log_q.shape[0])
 
 
 def prune_drafts(rows: list[list[int]], path_scores: list[list[float]], max_nodes: int) -> list[list[int]]:
@@ -367,13 +363,14 @@ def tree_attention_mask(model, cache, num_committed: int, tree: DraftTree, dtype
 
 def compact_cache(cache, num_tree: int, keep: list[int]):
     """Drop the tree nodes not in `keep` (indices into the last `num_tree` cache entries): the kept entries move up
-    in place, then the cache is cut after them."""
+    in place (unless they are already the first ones), then the cache is cut after them."""
+    moves = torch.tensor(keep, dtype=torch.long) if keep != list(range(len(keep))) else None
     for layer in cache.layers:
         if not layer.is_initialized:
             continue
         base = layer.keys.shape[-2] - num_tree
-        if keep:
-            index = base + torch.tensor(keep, dtype=torch.long, device=layer.keys.device)
+        if moves is not None:
+            index = base + moves.to(layer.keys.device)
             layer.keys[..., base:base + len(keep), :] = layer.keys[..., index, :]
             layer.values[..., base:base + len(keep), :] = layer.values[..., index, :]
         layer.keys = layer.keys[..., :base + len(keep), :]
