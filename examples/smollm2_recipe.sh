@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The recipe behind the SmolLM2-135M-Instruct results: prompts -> verifier samples -> the two SpecDiff-2 drafters
-# (standalone and conditioned on the verifier's hidden states) and the two baselines (unaligned mdlm drafter, AR
-# drafter) -> benchmark. CPU, 2 threads. Every step is resumable: rerun the script after an interruption.
+# (standalone and conditioned on the verifier's hidden states) and the baselines (an unaligned mdlm drafter of each
+# kind, an AR drafter) -> benchmarks. CPU, 2 threads. Every step is resumable: rerun the script after an interruption.
 # Run one step at a time on a 2-core machine: concurrent jobs slow each other down many times over.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,18 +20,26 @@ train() { hf-specdiff train --verifier smollm2-135m-instruct --data "$RUN/data" 
 train --objective ce-streak --draft-vocab-size 8192 --max-steps 2400 --save-every 400 --eval-every 400 --out "$RUN/drafter"
 train --objective ce-streak --draft-vocab-size 8192 --max-steps 1800 --save-every 300 --eval-every 300 \
     --verifier-layers auto --out "$RUN/drafter_cond"
-# baselines: unaligned SpecDiff (mdlm objective, same size and steps) and an autoregressive drafter
+# baselines: unaligned SpecDiff (the mdlm objective; same body, data and steps as each SpecDiff-2 drafter) and an
+# autoregressive drafter
 train --objective mdlm --draft-vocab-size 8192 --max-steps 2400 --save-every 400 --eval-every 400 --out "$RUN/drafter_mdlm"
+train --objective mdlm --draft-vocab-size 8192 --max-steps 1800 --save-every 300 --eval-every 300 \
+    --verifier-layers auto --out "$RUN/drafter_cond_mdlm"
 train --kind ar --warmup-steps 50 --max-steps 600 --save-every 200 --eval-every 200 --out "$RUN/drafter_ar"
 
-BENCH="hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --drafter $RUN/drafter_cond
-    --compare-drafter $RUN/drafter --mdlm-drafter $RUN/drafter_mdlm --ar-drafter $RUN/drafter_ar --num-drafts 1,4
+BENCH="hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --drafter $RUN/drafter_cond --num-drafts 1,4
     --with-lookup"
 # the headline table: the issue's setting (10 per category, 256 new tokens), the shipped method against prompt lookup
-$BENCH --per-category 10 --max-new-tokens 256 --method "prompt lookup" --method "SpecDiff-2 conditioned (K=4) + lookup" \
+# and against unaligned SpecDiff with the same conditioned body and the same lookup branch (~1.3 h here)
+$BENCH --mdlm-drafter $RUN/drafter_cond_mdlm --per-category 10 --max-new-tokens 256 --method "prompt lookup" \
+    --method "SpecDiff conditioned (mdlm, K=1) + lookup" --method "SpecDiff-2 conditioned (K=4) + lookup" \
     --out "$RUN/results"
-# the baselines at the same setting: the AR drafter and both standalone diffusion drafters, K=1 (~1.7 h here)
-$BENCH --per-category 10 --max-new-tokens 256 --method "AR drafter" --method "SpecDiff (mdlm, K=1)" \
+# the alignment taken apart: both conditioned drafters at K=1 and 4, with and without lookup (2 per category,
+# 128 new tokens, ~0.5 h)
+$BENCH --mdlm-drafter $RUN/drafter_cond_mdlm --per-category 2 --max-new-tokens 128 --out "$RUN/results_alignment"
+# the other baselines at the issue's setting: the AR drafter and both standalone diffusion drafters, K=1 (~1.7 h)
+OTHERS="--compare-drafter $RUN/drafter --mdlm-drafter $RUN/drafter_mdlm --ar-drafter $RUN/drafter_ar"
+$BENCH $OTHERS --per-category 10 --max-new-tokens 256 --method "AR drafter" --method "SpecDiff (mdlm, K=1)" \
     --method "SpecDiff-2 (K=1)" --out "$RUN/results_baselines"
 # the ablations: every method (both drafter kinds, K=1 and 4, with and without lookup) on 2 per category, 128 tokens
-$BENCH --per-category 2 --max-new-tokens 128 --out "$RUN/results_ablations"
+$BENCH $OTHERS --per-category 2 --max-new-tokens 128 --out "$RUN/results_ablations"
