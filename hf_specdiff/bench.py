@@ -62,19 +62,10 @@ class _ForwardTimer:
             handle.remove()
 
 
-def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_drafter=None, ar_drafter=None,
-              conditioned_drafter=None, num_drafts: tuple[int, ...] = (1,), max_new_tokens: int = 256,
-              prompt_lookup_tokens: int = 10, with_lookup: bool = False, only: list[str] | None = None,
-              records_file=None, run_info: dict | None = None, progress: bool = True) -> dict:
-    """Run every available method on every prompt (interleaved) and return per-category and overall results.
-
-    `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
-    hidden states, `mdlm_drafter` an unaligned one of either kind (its label says which); any may be None. Each
-    runs at every K in `num_drafts`. `with_lookup` adds, for every SpecDiff method, a "+ lookup" one whose tree
-    also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens). `only` keeps the named methods (plain always
-    runs: it is the reference). `records_file` (JSON lines) receives each prompt's records when the prompt is done;
-    if it exists, its finished prompts are kept and the run goes on from there, provided the methods, prompts and
-    `run_info` (anything else a resumed run must share, such as the drafter paths) are the same."""
+def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_drafter=None,
+                  num_drafts: tuple[int, ...] = (1,), prompt_lookup_tokens: int = 10,
+                  with_lookup: bool = False) -> dict[str, dict]:
+    """The methods `benchmark` runs with these drafters: name -> generation options, in run order."""
     methods = {"plain": dict()}
     methods["prompt lookup"] = dict(prompt_lookup_num_tokens=prompt_lookup_tokens)
     if ar_drafter is not None:
@@ -92,6 +83,24 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     if with_lookup:
         for name in [m for m in methods if m.startswith("SpecDiff")]:
             methods[f"{name} + lookup"] = dict(methods[name], lookup_tokens=prompt_lookup_tokens)
+    return methods
+
+
+def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_drafter=None, ar_drafter=None,
+              conditioned_drafter=None, num_drafts: tuple[int, ...] = (1,), max_new_tokens: int = 256,
+              prompt_lookup_tokens: int = 10, with_lookup: bool = False, only: list[str] | None = None,
+              records_file=None, run_info: dict | None = None, progress: bool = True) -> dict:
+    """Run every available method on every prompt (interleaved) and return per-category and overall results.
+
+    `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
+    hidden states, `mdlm_drafter` an unaligned one of either kind (its label says which); any may be None. Each
+    runs at every K in `num_drafts`. `with_lookup` adds, for every SpecDiff method, a "+ lookup" one whose tree
+    also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens). `only` keeps the named methods (plain always
+    runs: it is the reference). `records_file` (JSON lines) receives each prompt's records when the prompt is done;
+    if it exists, its finished prompts are kept and the run goes on from there, provided the methods, prompts and
+    `run_info` (anything else a resumed run must share, such as the drafter paths) are the same."""
+    methods = bench_methods(drafter, mdlm_drafter, ar_drafter, conditioned_drafter, num_drafts, prompt_lookup_tokens,
+                            with_lookup)
     if only is not None:
         unknown = [m for m in only if m not in methods]
         if unknown:

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from hf_specdiff.bench import benchmark, read_spec_bench, save
+from hf_specdiff.bench import bench_methods, benchmark, read_spec_bench, save
 from helpers import greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 
@@ -101,3 +101,18 @@ def test_bench_resumes_after_a_crash_without_redoing_finished_prompts(tmp_path):
 
     with pytest.raises(ValueError, match="records of a run with other settings"):
         benchmark(verifier, tokenizer, prompts, max_new_tokens=9, records_file=records, progress=False)
+
+
+def test_the_recipe_names_only_methods_the_bench_has():
+    """The recipe's benches run for hours: a misspelt --method would fail only when its bench starts."""
+    import re
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    recipe = (Path(__file__).resolve().parents[1] / "examples" / "smollm2_recipe.sh").read_text()
+    asked = set(re.findall(r'--method "([^"]+)"', recipe))
+    kind = lambda conditioned: SimpleNamespace(config=SimpleNamespace(is_conditioned=conditioned))
+    known = set()
+    for mdlm_conditioned in (False, True):
+        known |= set(bench_methods(kind(False), kind(mdlm_conditioned), object(), kind(True), (1, 4), with_lookup=True))
+    assert asked and asked <= known, asked - known
