@@ -327,6 +327,11 @@ def _layer_types(model) -> list[str] | None:
     return getattr(model.config.get_text_config(), "layer_types", None)
 
 
+def tree_positions(past: int, num_committed: int, tree: DraftTree) -> torch.Tensor:
+    """Positions of one tree forward's queries: the uncommitted prefix tokens, then each node at its depth."""
+    return torch.cat([torch.arange(past, past + num_committed), past + num_committed - 1 + tree.depths])
+
+
 def tree_attention_mask(model, cache, num_committed: int, tree: DraftTree, dtype) -> torch.Tensor | dict:
     """Additive 4D mask(s) for one verifier forward over [uncommitted prefix tokens, tree nodes].
 
@@ -335,8 +340,7 @@ def tree_attention_mask(model, cache, num_committed: int, tree: DraftTree, dtype
     """
     num_query = num_committed + len(tree)
     past = cache.get_seq_length()
-    positions = torch.cat([torch.arange(past, past + num_committed),
-                           past + num_committed - 1 + tree.depths])  # query positions
+    positions = tree_positions(past, num_committed, tree)
     allowed = torch.zeros(num_query, past + num_query, dtype=torch.bool)
     allowed[:, :past] = True
     allowed[:num_committed, past:past + num_committed] = torch.ones(num_committed, num_committed).tril().bool()
@@ -468,8 +472,7 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
         tree = DraftTree.from_drafts(drafts, fixed=lookup)
         tree_tokens = tree.tokens.to(input_ids.device)
         past = cache.get_seq_length()
-        positions = torch.cat([torch.arange(past, past + committed.shape[1]),
-                               past + committed.shape[1] - 1 + tree.depths]).to(input_ids.device)
+        positions = tree_positions(past, committed.shape[1], tree).to(input_ids.device)
         with grouped_heads_in_sdpa(model):
             outputs = model(
                 input_ids=torch.cat([committed, tree_tokens[None]], dim=1),
