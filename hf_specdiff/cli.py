@@ -176,7 +176,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", required=True, help="jsonl prompt file")
     p.add_argument("--out", required=True)
     p.add_argument("--samples-per-prompt", type=int, default=4)
-    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--temperature", type=float, default=0.7, help="0: the verifier's greedy responses")
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=16)

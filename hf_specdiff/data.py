@@ -21,7 +21,9 @@ SHARD_ROWS = 10000
 
 @dataclass
 class DistillDataConfig:
-    """Settings of one distillation data set (stored in `meta.json`; a resumed run must use the same)."""
+    """Settings of one distillation data set (stored in `meta.json`; a resumed run must use the same).
+
+    `temperature` 0 takes the verifier's greedy response: the trajectories greedy decoding will meet."""
 
     samples_per_prompt: int = 4
     temperature: float = 0.7
@@ -131,6 +133,10 @@ def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDa
     `max_samples` stops after that many samples of the work list (shortest prompts first): a smaller data set that a
     later run with a larger limit extends."""
     config = config or DistillDataConfig()
+    if config.temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0: greedy), got {config.temperature}")
+    if config.temperature == 0 and config.samples_per_prompt > 1:
+        raise ValueError("temperature 0 (greedy) gives one response per prompt: use samples_per_prompt=1")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"format_version": FORMAT_VERSION, "verifier": verifier_identity(verifier, verifier_name),
@@ -166,9 +172,10 @@ def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDa
         mask = torch.tensor([[0] * (longest - len(encoded[i])) + [1] * len(encoded[i]) for i, _ in batch],
                             device=device)
         torch.manual_seed(config.seed * 1_000_003 + batch_index)
-        generated = verifier.generate(input_ids=ids, attention_mask=mask, do_sample=True,
-                                      temperature=config.temperature, top_p=config.top_p, top_k=None,
-                                      max_new_tokens=config.max_new_tokens, pad_token_id=pad_id)
+        sampling = {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": None}
+        generated = verifier.generate(input_ids=ids, attention_mask=mask, max_new_tokens=config.max_new_tokens,
+                                      pad_token_id=pad_id, **(sampling if config.temperature > 0 else
+                                                              {"do_sample": False}))
         lines = []
         for (prompt_index, sample_index), row in zip(batch, generated[:, longest:].tolist()):
             if (prompt_index, sample_index) in done:  # kept from a batch a crash cut short

@@ -47,7 +47,9 @@ class TrainConfig:
                                                                  "like '1,14,28'; empty: a standalone drafter"})
     mdlm_weight: float = field(default=0.0, metadata={"help": "weight of an added mdlm term (random masking)"})
     kl_weight: float = field(default=0.0, metadata={"help": "weight of KL(verifier || drafter) on masked positions"})
-    init: str = field(default="from-verifier", metadata={"help": "random, or from-verifier (embeddings and head)"})
+    init: str = field(default="from-verifier", metadata={"help": "random, from-verifier (embeddings and head), or a "
+                                                               "drafter folder to train further (its sizes must "
+                                                               "match these settings)"})
     init_layers: int = field(default=0, metadata={"help": "copy this many first verifier layers (equal sizes only)"})
     hidden_size: int = 256
     num_hidden_layers: int = 2
@@ -124,8 +126,10 @@ def init_from_verifier(drafter, verifier, num_layers: int = 0):
 
 
 def build_drafter(config: TrainConfig, verifier, rows: list[dict]):
-    """A fresh drafter for `verifier` as `config` describes."""
+    """A fresh drafter for `verifier` as `config` describes, or the one in folder `config.init` to train further."""
     torch.manual_seed(config.seed)
+    if config.init not in ("random", "from-verifier"):
+        return load_drafter_to_train(config, verifier)
     if config.kind == "ar":
         drafter = _ar_drafter(config, verifier)
         if config.init == "from-verifier":
@@ -148,8 +152,33 @@ def build_drafter(config: TrainConfig, verifier, rows: list[dict]):
     drafter = SpecDiffDrafter(drafter_config)
     if config.init == "from-verifier":
         init_from_verifier(drafter, verifier, config.init_layers)
-    elif config.init != "random":
-        raise ValueError(f"init must be random or from-verifier, got {config.init!r}")
+    return drafter
+
+
+def load_drafter_to_train(config: TrainConfig, verifier):
+    """The drafter saved in folder `config.init`, after checking that it is the one `config` describes: same
+    verifier vocabulary, kind, sizes, block size, draft vocabulary size and conditioning."""
+    from transformers import AutoModelForCausalLM
+
+    path = Path(config.init)
+    if not (path / "config.json").is_file():
+        raise ValueError(f"init must be random, from-verifier or a drafter folder; {config.init!r} is none of these")
+    drafter = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    theirs = drafter.config
+    kind = "diffusion" if isinstance(drafter, SpecDiffDrafter) else "ar"
+    want = {"kind": config.kind, "vocab_size": verifier.config.get_text_config().vocab_size,
+            **{name: getattr(config, name) for name in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                                        "num_key_value_heads", "intermediate_size")}}
+    have = {"kind": kind, **{name: getattr(theirs, name, None) for name in list(want)[1:]}}
+    if kind == "diffusion":
+        want.update(block_size=config.block_size, draft_vocab_size=config.draft_vocab_size,
+                    conditioned=bool(config.verifier_layers))
+        have.update(block_size=theirs.block_size, draft_vocab_size=len(theirs.draft_token_ids or []),
+                    conditioned=theirs.verifier_layer_ids is not None)
+    differ = [f"{name} {have[name]} there, {want[name]} here" for name in want if have[name] != want[name]]
+    if differ:
+        raise ValueError(f"the drafter in {path} differs from these settings ({'; '.join(differ)}): set them to "
+                         "the drafter's")
     return drafter
 
 
@@ -367,6 +396,11 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
 
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "log.jsonl").open("a") if accelerator.is_main_process else None
+    evaluate = eval_windows is not None and config.kind == "diffusion"
+    if evaluate and start == 0 and log is not None and config.init not in ("random", "from-verifier"):
+        model.eval()  # where the drafter trained further starts from, to compare with the later evaluations
+        log.write(json.dumps({"step": 0, **held_out_metrics(drafter, eval_windows, config.block_size, verifier)}) + "\n")
+        model.train()
     began = time.time()
     bar = tqdm(total=config.max_steps, initial=start, desc="train", disable=not (progress and accelerator.is_main_process))
     for step in range(start, config.max_steps):
@@ -388,8 +422,7 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
         optimizer.zero_grad()
         done = step + 1
         record = {"step": done, "loss": round(total, 5), "lr": scheduler.get_last_lr()[0]}
-        if eval_windows is not None and config.kind == "diffusion" and (done % config.eval_every == 0
-                                                                         or done == config.max_steps):
+        if evaluate and (done % config.eval_every == 0 or done == config.max_steps):
             model.eval()
             record.update(held_out_metrics(drafter, eval_windows, config.block_size, verifier))
             model.train()
@@ -426,6 +459,8 @@ def _machine(accelerator) -> str:
 def _validate(config: TrainConfig):
     if config.kind not in ("diffusion", "ar"):
         raise ValueError(f"kind must be diffusion or ar, got {config.kind!r}")
+    if config.init_layers and config.init != "from-verifier":
+        raise ValueError("init_layers copies verifier layers: it needs init=from-verifier")
     if config.kind == "ar" and config.verifier_layers:
         raise ValueError("verifier_layers makes a conditioned diffusion drafter: it does not apply to kind=ar")
     if config.verifier_layers not in ("", "auto") and not all(

@@ -96,6 +96,46 @@ def test_distill_data_resumes_after_a_crash(workspace, tmp_path):
     assert sorted(resumed, key=key) == sorted(full, key=key)  # nothing lost, nothing twice, same samples
 
 
+def test_greedy_distill_data_is_the_verifiers_greedy_response(workspace, tmp_path):
+    root, verifier, tokenizer = workspace
+    prompts = read_prompts(root / "train.jsonl")[:6]
+    config = DistillDataConfig(samples_per_prompt=1, temperature=0.0, max_new_tokens=24)
+    make_distill_data(verifier, tokenizer, prompts, tmp_path / "greedy", config, batch_size=1, progress=False)
+    _, rows = load_distill_data(tmp_path / "greedy")
+    assert len(rows) == 6
+    for row in rows:
+        prompt = torch.tensor([row["prompt_ids"]])
+        plain = verifier.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False, max_new_tokens=24,
+                                  pad_token_id=tokenizer.pad_token_id)[0, prompt.shape[1]:].tolist()
+        assert row["response_ids"] == plain[: len(row["response_ids"])] and len(row["response_ids"]) > 0
+    with pytest.raises(ValueError, match="one response per prompt"):
+        make_distill_data(verifier, tokenizer, prompts, tmp_path / "x", replace(config, samples_per_prompt=2),
+                          progress=False)
+    with pytest.raises(ValueError, match="temperature must be >= 0"):
+        make_distill_data(verifier, tokenizer, prompts, tmp_path / "x", replace(config, temperature=-1.0),
+                          progress=False)
+
+
+def test_training_goes_on_from_a_drafter_folder(workspace):
+    """init=<drafter folder> starts from that drafter's weights (lr 0 leaves them as they were) and refuses a
+    drafter whose sizes differ from the run's settings."""
+    root, _, _ = workspace
+    first = train(base_config(root, "first", max_steps=5, draft_vocab_size=32), progress=False)
+    again = train(base_config(root, "again", max_steps=2, draft_vocab_size=32, init=str(first), lr=0.0),
+                  progress=False)
+    a, b = load_file(first / "model.safetensors"), load_file(again / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((again / "training_recipe.json").read_text())["config"]["init"] == str(first)
+    log = [json.loads(line) for line in (again / "log.jsonl").read_text().splitlines()]
+    assert log[0]["step"] == 0 and log[0]["greedy_streak"] == log[-1]["greedy_streak"]  # lr 0: where it started
+    with pytest.raises(ValueError, match="hidden_size 64 there, 32 here; draft_vocab_size 32 there, 0 here"):
+        train(base_config(root, "x", init=str(first), hidden_size=32), progress=False)
+    with pytest.raises(ValueError, match="init must be random, from-verifier or a drafter folder"):
+        train(base_config(root, "x", init="pretrained"), progress=False)
+    with pytest.raises(ValueError, match="init_layers copies verifier layers"):
+        train(base_config(root, "x", init=str(first), init_layers=1), progress=False)
+
+
 def test_streak_beats_mdlm_on_held_out_prompts(workspace):
     """Streak distillation (its ce-streak form, which trains from scratch) against the MDLM objective."""
     root, verifier, tokenizer = workspace
