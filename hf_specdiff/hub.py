@@ -1,6 +1,7 @@
 """Hub-ready folders: the self-selection loop as a `custom_generate` repository."""
 
 import inspect
+import json
 from pathlib import Path
 
 from . import decoding
@@ -58,7 +59,6 @@ def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict
                 license: str = "apache-2.0", datasets: tuple[str, ...] = ("openai/gsm8k",),
                 reproduce: str | None = None) -> str:
     """The model card (README.md) of a drafter folder: metadata, usage, benchmark table and training recipe."""
-    import json
 
     from .bench import markdown_table
 
@@ -100,21 +100,28 @@ def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict
         if settings:
             lines += [f"Settings: {', '.join(f'{k}={v}' for k, v in settings.items() if k not in ('out',))}.", ""]
     if recipe is not None:
-        cfg = recipe["config"]
-        lines += ["## Training recipe", "",
-                  f"Trained with `hf_specdiff` ({cfg['objective']} objective, kind {cfg.get('kind', 'diffusion')}) "
-                  f"for {recipe['steps']} steps in {recipe['wall_time_s'] / 60:.1f} min on {recipe['machine']}, on "
-                  f"{recipe['data']['train_rows']} verifier-sampled trajectories "
-                  f"(temperature {recipe['data']['settings']['temperature']}).", "", "```json",
-                  json.dumps(cfg, indent=2), "```", ""]
+        lines += ["## Training recipe", "", *_recipe_lines(recipe)]
     if reproduce:
         lines += ["## Reproduce", "", "```bash", reproduce, "```", ""]
     return "\n".join(lines)
 
 
+def _recipe_lines(recipe: dict) -> list[str]:
+    """A training run described, after the run it started from (`init_recipe`) if it trained a drafter further."""
+    cfg, data = recipe["config"], recipe["data"]
+    temperature = data["settings"]["temperature"]
+    lines = _recipe_lines(recipe["init_recipe"]) if "init_recipe" in recipe else []
+    lines += [f"{'Then trained further' if lines else 'Trained'} with `hf_specdiff` ({cfg['objective']} objective, kind "
+              f"{cfg.get('kind', 'diffusion')}) for {recipe['steps']} steps in {recipe['wall_time_s'] / 60:.1f} min on "
+              f"{recipe['machine']}, on {data['train_rows']} verifier "
+              f"{'greedy' if temperature == 0 else 'sampled'} trajectories"
+              f"{'' if temperature == 0 else f' (temperature {temperature})'}.", "", "```json",
+              json.dumps(cfg, indent=2), "```", ""]
+    return lines
+
+
 def validate_model_folder(folder) -> list[str]:
     """What keeps a drafter folder from being Hub-ready (an empty list when it is)."""
-    import json
 
     folder = Path(folder)
     problems = [f"missing {name}" for name in REQUIRED_FILES if not (folder / name).exists()]

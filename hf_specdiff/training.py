@@ -443,6 +443,9 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
                   "wall_time_s": round(time.time() - began, 1), "machine": _machine(accelerator),
                   "data": {"rows": len(rows), "train_rows": len(train_rows), "held_out_rows": len(eval_rows),
                            "verifier": meta["verifier"], "settings": meta["settings"]}}
+        if config.init not in ("random", "from-verifier") and (Path(config.init) / "training_recipe.json").is_file():
+            # how the drafter it started from was made
+            recipe["init_recipe"] = json.loads((Path(config.init) / "training_recipe.json").read_text())
         (out / "training_recipe.json").write_text(json.dumps(recipe, indent=2))
         save_checkpoint(out, drafter, optimizer, scheduler, config.max_steps, config)
         log.close()

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from hf_specdiff.cli import main as cli
 from hf_specdiff.data import DistillDataConfig, load_distill_data, make_distill_data, read_prompts
 from hf_specdiff.evaluate import evaluate_drafter
+from hf_specdiff.hub import render_card
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.training import TrainConfig, train
 from helpers import tiny_tokenizer, tiny_verifier
@@ -125,7 +126,11 @@ def test_training_goes_on_from_a_drafter_folder(workspace):
                   progress=False)
     a, b = load_file(first / "model.safetensors"), load_file(again / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-    assert json.loads((again / "training_recipe.json").read_text())["config"]["init"] == str(first)
+    recipe = json.loads((again / "training_recipe.json").read_text())
+    assert recipe["config"]["init"] == str(first) and recipe["init_recipe"]["config"]["out"] == str(first)
+    card = render_card(again, "org/tiny", recipe=recipe)  # both runs, in order
+    assert card.index("Trained with `hf_specdiff` (ce-streak objective") < card.index("Then trained further with")
+    assert card.count("verifier sampled trajectories (temperature 0.7)") == 2
     log = [json.loads(line) for line in (again / "log.jsonl").read_text().splitlines()]
     assert log[0]["step"] == 0 and log[0]["greedy_streak"] == log[-1]["greedy_streak"]  # lr 0: where it started
     with pytest.raises(ValueError, match="hidden_size 64 there, 32 here; draft_vocab_size 32 there, 0 here"):
