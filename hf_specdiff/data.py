@@ -172,10 +172,10 @@ def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDa
         mask = torch.tensor([[0] * (longest - len(encoded[i])) + [1] * len(encoded[i]) for i, _ in batch],
                             device=device)
         torch.manual_seed(config.seed * 1_000_003 + batch_index)
-        sampling = {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": None}
+        decoding = ({"do_sample": False} if config.temperature == 0 else
+                    {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": None})
         generated = verifier.generate(input_ids=ids, attention_mask=mask, max_new_tokens=config.max_new_tokens,
-                                      pad_token_id=pad_id, **(sampling if config.temperature > 0 else
-                                                              {"do_sample": False}))
+                                      pad_token_id=pad_id, **decoding)
         lines = []
         for (prompt_index, sample_index), row in zip(batch, generated[:, longest:].tolist()):
             if (prompt_index, sample_index) in done:  # kept from a batch a crash cut short

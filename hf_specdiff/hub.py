@@ -59,7 +59,6 @@ def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict
                 license: str = "apache-2.0", datasets: tuple[str, ...] = ("openai/gsm8k",),
                 reproduce: str | None = None) -> str:
     """The model card (README.md) of a drafter folder: metadata, usage, benchmark table and training recipe."""
-
     from .bench import markdown_table
 
     config = json.loads((Path(folder) / "config.json").read_text())
@@ -122,7 +121,6 @@ def _recipe_lines(recipe: dict) -> list[str]:
 
 def validate_model_folder(folder) -> list[str]:
     """What keeps a drafter folder from being Hub-ready (an empty list when it is)."""
-
     folder = Path(folder)
     problems = [f"missing {name}" for name in REQUIRED_FILES if not (folder / name).exists()]
     if (folder / "config.json").exists():

@@ -128,7 +128,7 @@ def init_from_verifier(drafter, verifier, num_layers: int = 0):
 def build_drafter(config: TrainConfig, verifier, rows: list[dict]):
     """A fresh drafter for `verifier` as `config` describes, or the one in folder `config.init` to train further."""
     torch.manual_seed(config.seed)
-    if config.init not in ("random", "from-verifier"):
+    if init_folder(config) is not None:
         return load_drafter_to_train(config, verifier)
     if config.kind == "ar":
         drafter = _ar_drafter(config, verifier)
@@ -155,14 +155,17 @@ def build_drafter(config: TrainConfig, verifier, rows: list[dict]):
     return drafter
 
 
+def init_folder(config: TrainConfig) -> Path | None:
+    """The drafter folder a run trains further, or None when it starts a fresh drafter."""
+    return None if config.init in ("random", "from-verifier") else Path(config.init)
+
+
 def load_drafter_to_train(config: TrainConfig, verifier):
     """The drafter saved in folder `config.init`, after checking that it is the one `config` describes: same
     verifier vocabulary, kind, sizes, block size, draft vocabulary size and conditioning."""
     from transformers import AutoModelForCausalLM
 
-    path = Path(config.init)
-    if not (path / "config.json").is_file():
-        raise ValueError(f"init must be random, from-verifier or a drafter folder; {config.init!r} is none of these")
+    path = init_folder(config)
     drafter = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     theirs = drafter.config
     kind = "diffusion" if isinstance(drafter, SpecDiffDrafter) else "ar"
@@ -397,7 +400,7 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "log.jsonl").open("a") if accelerator.is_main_process else None
     evaluate = eval_windows is not None and config.kind == "diffusion"
-    if evaluate and start == 0 and log is not None and config.init not in ("random", "from-verifier"):
+    if evaluate and start == 0 and log is not None and init_folder(config) is not None:
         model.eval()  # where the drafter trained further starts from, to compare with the later evaluations
         log.write(json.dumps({"step": 0, **held_out_metrics(drafter, eval_windows, config.block_size, verifier)}) + "\n")
         model.train()
@@ -443,9 +446,9 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
                   "wall_time_s": round(time.time() - began, 1), "machine": _machine(accelerator),
                   "data": {"rows": len(rows), "train_rows": len(train_rows), "held_out_rows": len(eval_rows),
                            "verifier": meta["verifier"], "settings": meta["settings"]}}
-        if config.init not in ("random", "from-verifier") and (Path(config.init) / "training_recipe.json").is_file():
-            # how the drafter it started from was made
-            recipe["init_recipe"] = json.loads((Path(config.init) / "training_recipe.json").read_text())
+        folder = init_folder(config)
+        if folder is not None and (folder / "training_recipe.json").is_file():  # how the drafter it started from was made
+            recipe["init_recipe"] = json.loads((folder / "training_recipe.json").read_text())
         (out / "training_recipe.json").write_text(json.dumps(recipe, indent=2))
         save_checkpoint(out, drafter, optimizer, scheduler, config.max_steps, config)
         log.close()
@@ -462,6 +465,8 @@ def _machine(accelerator) -> str:
 def _validate(config: TrainConfig):
     if config.kind not in ("diffusion", "ar"):
         raise ValueError(f"kind must be diffusion or ar, got {config.kind!r}")
+    if init_folder(config) is not None and not (init_folder(config) / "config.json").is_file():
+        raise ValueError(f"init must be random, from-verifier or a drafter folder; {config.init!r} is none of these")
     if config.init_layers and config.init != "from-verifier":
         raise ValueError("init_layers copies verifier layers: it needs init=from-verifier")
     if config.kind == "ar" and config.verifier_layers:
