@@ -10,8 +10,12 @@ torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", 2)))
 
 
 @pytest.fixture(autouse=True)
-def _seed():
+def _seed_and_threads():
+    """Each test starts from seed 0 and leaves the thread count as it found it (the CLI's --threads sets it)."""
     torch.manual_seed(0)
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(autouse=True)
