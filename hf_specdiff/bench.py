@@ -1,7 +1,8 @@
 """`hf-specdiff bench`: every method on the same Spec-Bench prompts, interleaved per prompt, in one process.
 
 Methods: plain greedy `generate`, prompt-lookup decoding, an autoregressive drafter (transformers' own
-`assistant_model` path), SpecDiff (an unaligned MDLM drafter), SpecDiff-2 (the aligned drafter), SpecDiff-2
+`assistant_model` path), SpecDiff (an unaligned MDLM drafter), SpecDiff-2 (the aligned drafter, also through the
+drop-in `assistant_model=` path with its adaptive draft length), SpecDiff-2
 conditioned (a drafter that reads the verifier's hidden states), each drafter at every K asked for (K=1: one draft;
 K>1: self-selection) and, on request, with a prompt-lookup branch in its tree ("+ lookup"). Per
 category and overall: tokens/s, speed-up over plain, tau (tokens per verifier forward), acceptance by draft
@@ -22,10 +23,14 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from .decoding import SpecDiffStats, generate
+from .threads import torch_threads
 
 
 def read_spec_bench(path, per_category: int) -> list[dict]:
     """The first `per_category` questions of each category (first turn only)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"no prompts file at {path} (a Spec-Bench question.jsonl, or jsonl rows with "
+                                "category and turns)")
     rows, seen = [], defaultdict(int)
     for line in Path(path).read_text().splitlines():
         if not line.strip():
@@ -75,13 +80,15 @@ def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_
         for k in num_drafts:
             methods[f"SpecDiff{kind} (mdlm, K={k})"] = dict(specdiff=mdlm_drafter, num_drafts=k)
     if drafter is not None:
+        methods["SpecDiff-2 drop-in"] = dict(assistant_model=drafter)
         for k in num_drafts:
             methods[f"SpecDiff-2 (K={k})"] = dict(specdiff=drafter, num_drafts=k)
     if conditioned_drafter is not None:
+        methods["SpecDiff-2 conditioned drop-in"] = dict(assistant_model=conditioned_drafter, attach=True)
         for k in num_drafts:
             methods[f"SpecDiff-2 conditioned (K={k})"] = dict(specdiff=conditioned_drafter, num_drafts=k)
     if with_lookup:
-        for name in [m for m in methods if m.startswith("SpecDiff")]:
+        for name in [m for m in methods if m.startswith("SpecDiff") and "specdiff" in methods[m]]:
             methods[f"{name} + lookup"] = dict(methods[name], lookup_tokens=prompt_lookup_tokens)
     return methods
 
@@ -89,7 +96,8 @@ def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_
 def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_drafter=None, ar_drafter=None,
               conditioned_drafter=None, num_drafts: tuple[int, ...] = (1,), max_new_tokens: int = 256,
               prompt_lookup_tokens: int = 10, with_lookup: bool = False, only: list[str] | None = None,
-              records_file=None, run_info: dict | None = None, progress: bool = True) -> dict:
+              records_file=None, run_info: dict | None = None, progress: bool = True,
+              threads: int | None = None) -> dict:
     """Run every available method on every prompt (interleaved) and return per-category and overall results.
 
     `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
@@ -98,7 +106,8 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens). `only` keeps the named methods (plain always
     runs: it is the reference). `records_file` (JSON lines) receives each prompt's records when the prompt is done;
     if it exists, its finished prompts are kept and the run goes on from there, provided the methods, prompts and
-    `run_info` (anything else a resumed run must share, such as the drafter paths) are the same."""
+    `run_info` (anything else a resumed run must share, such as the drafter paths) are the same. `threads` sets
+    torch's thread count for the run; the caller's count is restored on return."""
     methods = bench_methods(drafter, mdlm_drafter, ar_drafter, conditioned_drafter, num_drafts, prompt_lookup_tokens,
                             with_lookup)
     if only is not None:
@@ -110,45 +119,59 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     settings = {"methods": list(methods), "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
                 "prompt_lookup_tokens": prompt_lookup_tokens, "prompts": _fingerprint(prompts), **(run_info or {})}
     records, done = _resume(records_file, settings)
-    counter = _ForwardTimer(verifier)
-    drafter_timers = {id(m): _ForwardTimer(m) for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter)
-                      if m is not None}
-    for index, item in enumerate(tqdm(prompts[done:], desc="bench", initial=done, total=len(prompts),
-                                      disable=not progress), start=done):
-        inputs = tokenizer.apply_chat_template([{"role": "user", "content": item["prompt"]}],
-                                               add_generation_prompt=True, return_tensors="pt", return_dict=True)
-        inputs = {k: v.to(verifier.device) for k, v in inputs.items()}
-        prompt_len = inputs["input_ids"].shape[1]
-        reference, mine = None, []
-        for name, options in methods.items():
-            options = dict(options)
-            stats = SpecDiffStats()
-            counter.reset()
-            used = options.get("specdiff", options.get("assistant_model"))
-            drafter_timer = drafter_timers.get(id(used))
-            if drafter_timer is not None:
-                drafter_timer.reset()
-            start = time.perf_counter()
-            if "specdiff" in options:
-                out = generate(verifier, options.pop("specdiff"), **inputs, max_new_tokens=max_new_tokens,
-                               do_sample=False, stats=stats, **options)
-            else:
-                out = verifier.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, **options)
-            seconds = time.perf_counter() - start
-            tokens = out[0, prompt_len:].tolist()
-            reference = tokens if name == "plain" else reference
-            mine.append({"category": item["category"], "method": name, "tokens": len(tokens), "seconds": seconds,
-                         "forwards": counter.count, "verifier_seconds": counter.seconds,
-                         "drafter_forwards": drafter_timer.count if drafter_timer else 0,
-                         "drafter_seconds": drafter_timer.seconds if drafter_timer else 0.0,
-                         "exact": tokens == reference, "drafted": stats.drafted, "accepted": stats.accepted})
-        records += mine
-        if records_file is not None:
-            with open(records_file, "a") as f:
-                f.write(json.dumps({"prompt": index, "records": mine}) + "\n")
-    for timer in (counter, *drafter_timers.values()):
-        timer.remove()
+    with torch_threads(threads):
+        counter = _ForwardTimer(verifier)
+        drafter_timers = {id(m): _ForwardTimer(m) for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter)
+                          if m is not None}
+        for index, item in enumerate(tqdm(prompts[done:], desc="bench", initial=done, total=len(prompts),
+                                          disable=not progress), start=done):
+            inputs = tokenizer.apply_chat_template([{"role": "user", "content": item["prompt"]}],
+                                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)
+            inputs = {k: v.to(verifier.device) for k, v in inputs.items()}
+            prompt_len = inputs["input_ids"].shape[1]
+            reference, mine = None, []
+            for name, options in methods.items():
+                options = dict(options)
+                stats = SpecDiffStats()
+                counter.reset()
+                used = options.get("specdiff", options.get("assistant_model"))
+                drafter_timer = drafter_timers.get(id(used))
+                if drafter_timer is not None:
+                    drafter_timer.reset()
+                start = time.perf_counter()
+                if "specdiff" in options:
+                    out = generate(verifier, options.pop("specdiff"), **inputs, max_new_tokens=max_new_tokens,
+                                   do_sample=False, stats=stats, **options)
+                else:
+                    out = _assisted_generate(verifier, inputs, max_new_tokens, options)
+                seconds = time.perf_counter() - start
+                tokens = out[0, prompt_len:].tolist()
+                reference = tokens if name == "plain" else reference
+                mine.append({"category": item["category"], "method": name, "tokens": len(tokens), "seconds": seconds,
+                             "forwards": counter.count, "verifier_seconds": counter.seconds,
+                             "drafter_forwards": drafter_timer.count if drafter_timer else 0,
+                             "drafter_seconds": drafter_timer.seconds if drafter_timer else 0.0,
+                             "exact": tokens == reference, "drafted": stats.drafted, "accepted": stats.accepted})
+            records += mine
+            if records_file is not None:
+                with open(records_file, "a") as f:
+                    f.write(json.dumps({"prompt": index, "records": mine}) + "\n")
+        for timer in (counter, *drafter_timers.values()):
+            timer.remove()
     return summarize(records, list(methods))
+
+
+def _assisted_generate(verifier, inputs, max_new_tokens, options):
+    """transformers' own generate (plain, prompt lookup, or an `assistant_model`; `attach` hooks a conditioned
+    drafter onto the verifier for the call)."""
+    attach = options.pop("attach", False)
+    if attach:
+        options["assistant_model"].attach(verifier)
+    try:
+        return verifier.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, **options)
+    finally:
+        if attach:
+            options["assistant_model"].detach()
 
 
 def _fingerprint(prompts: list[dict]) -> str:

@@ -6,6 +6,8 @@ import sys
 
 import torch
 
+DEMO_PROMPT = "Explain speculative decoding in two sentences."
+
 
 def _add_train_arguments(parser: argparse.ArgumentParser):
     from .training import config_fields
@@ -72,7 +74,16 @@ def cmd_eval_drafter(args):
 def cmd_demo(args):
     from .demo import run_demo
 
-    run_demo(args.prompt, verifier=args.verifier, drafter=args.drafter, num_drafts=args.num_drafts,
+    prompts = list(args.prompt)
+    if args.prompt_file:
+        from .data import read_prompts
+
+        path = Path(args.prompt_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"no prompt file at {path}")
+        prompts += read_prompts(path) if path.suffix == ".jsonl" else \
+            [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    run_demo(prompts or [DEMO_PROMPT], verifier=args.verifier, drafter=args.drafter, num_drafts=args.num_drafts,
              lookup_tokens=args.lookup_tokens, max_new_tokens=args.max_new_tokens, dtype=_dtype(args.dtype),
              threads=args.threads)
 
@@ -80,10 +91,11 @@ def cmd_demo(args):
 def cmd_bench(args):
     from transformers import AutoModelForCausalLM
 
+    from .shipped import SHIPPED_DRAFTERS
     from .bench import benchmark, markdown_table, read_spec_bench, save
     from .verifiers import load_verifier
 
-    torch.set_num_threads(args.threads)
+    prompts = read_spec_bench(args.prompts, args.per_category)  # a bad prompts file fails before any model loads
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     run_info = {k: settings[k] for k in ("verifier", "drafter", "compare_drafter", "mdlm_drafter", "ar_drafter",
                                          "dtype", "threads")}
@@ -95,21 +107,21 @@ def cmd_bench(args):
         return AutoModelForCausalLM.from_pretrained(path, dtype=verifier.dtype, trust_remote_code=True) \
             .to(verifier.device).eval()
 
-    from .demo import SHIPPED_DRAFTER
+    from .shipped import shipped_drafter_path
 
-    drafter = args.drafter or (str(SHIPPED_DRAFTER) if (SHIPPED_DRAFTER / "config.json").exists() else None)
+    drafter = args.drafter or (str(shipped_drafter_path(args.verifier)) if args.verifier in SHIPPED_DRAFTERS else None)
     specdiff = [d for d in (load(drafter), load(args.compare_drafter)) if d is not None]
     kinds = {True: [], False: []}
     for d in specdiff:
         kinds[bool(getattr(d.config, "verifier_layer_ids", None))].append(d)
     if len(kinds[True]) > 1 or len(kinds[False]) > 1:
         raise ValueError("--drafter and --compare-drafter are the same kind: pass one standalone and one conditioned")
-    summary = benchmark(verifier, tokenizer, read_spec_bench(args.prompts, args.per_category),
+    summary = benchmark(verifier, tokenizer, prompts,
                         drafter=(kinds[False] or [None])[0], conditioned_drafter=(kinds[True] or [None])[0],
                         mdlm_drafter=load(args.mdlm_drafter), ar_drafter=load(args.ar_drafter),
                         num_drafts=tuple(int(k) for k in args.num_drafts.split(",")),
                         max_new_tokens=args.max_new_tokens, with_lookup=args.with_lookup, only=args.method,
-                        records_file=Path(args.out) / "records.jsonl", run_info=run_info)
+                        records_file=Path(args.out) / "records.jsonl", run_info=run_info, threads=args.threads)
     summary["settings"] = settings
     print(markdown_table(summary))
     save(summary, args.out)
@@ -161,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_setup)
 
     p = sub.add_parser("demo", help="stream an answer with SpecDiff, then compare speed and text with plain greedy")
-    p.add_argument("prompt", nargs="?", default="Explain speculative decoding in two sentences.")
+    p.add_argument("prompt", nargs="*", help=f"one or more prompts (default: {DEMO_PROMPT!r})")
+    p.add_argument("--prompt-file", default=None, help="more prompts: a text file, one per line, or a jsonl file")
     p.add_argument("--verifier", default="smollm2-135m-instruct")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped SmolLM2 drafter)")
     p.add_argument("--num-drafts", type=int, default=4, help="K drafts verified as one tree")
@@ -253,7 +266,7 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as error:
+    except (ValueError, FileNotFoundError, ImportError) as error:
         print(f"hf-specdiff {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0

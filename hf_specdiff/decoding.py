@@ -31,6 +31,7 @@ This file imports only torch and transformers, so it also ships as a Hub `custom
 """
 
 import os
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -82,44 +83,6 @@ class SpecDiffStats:
                 "drafter_forwards": self.drafter_forwards, "acceptance_by_position": self.acceptance_by_position}
 
 
-class DraftLengthController:
-    """Adaptive draft length from measured acceptance.
-
-    Keeps, per draft position i, the rate a_i at which position i is accepted once every position before it was:
-    (accepted + 1) / (reached + 1), so drafting starts at full length; a position not reached yet is taken to do as
-    well as the one before it, so the length grows again once the positions before it are accepted. Picks the length g <= max_length that maximises expected tokens per round
-    (1 + sum_{m<=g} prod_{i<=m} a_i) over the round's relative cost (1 + cost_per_token * g): it grows while later
-    positions keep being accepted and shrinks when early rejections dominate.
-    """
-
-    def __init__(self, max_length: int, fixed: int | None = None, cost_per_token: float = 0.02):
-        self.max_length = max_length
-        self.fixed = fixed
-        self.cost_per_token = cost_per_token
-        self.reached = torch.zeros(max_length)
-        self.accepted = torch.zeros(max_length)
-
-    def rates(self) -> torch.Tensor:
-        """a_1..a_max_length: the measured rate of each position given the ones before it."""
-        rate = (self.accepted + 1) / (self.reached + 1)
-        reached = int(self.reached.count_nonzero())  # the positions reached so far are a prefix
-        if reached:  # a position never reached yet is taken to do as well as the last one reached
-            rate[reached:] = rate[reached - 1]
-        return rate
-
-    def next_length(self) -> int:
-        if self.fixed is not None:
-            return self.fixed
-        expected = 1 + self.rates().cumprod(0).cumsum(0)
-        lengths = torch.arange(1, self.max_length + 1)
-        return int(lengths[(expected / (1 + self.cost_per_token * lengths)).argmax()])
-
-    def update(self, num_drafted: int, num_accepted: int):
-        reached = min(num_accepted + 1, num_drafted)
-        self.reached[:reached] += 1
-        self.accepted[:num_accepted] += 1
-
-
 def _is_conditioned(drafter) -> bool:
     return getattr(drafter.config, "verifier_layer_ids", None) is not None
 
@@ -143,13 +106,19 @@ class DiffusionCandidateGenerator(CandidateGenerator):
         self.logits_processor = list(logits_processor or [])
         self.do_sample = bool(generation_config.do_sample)
         self.max_length = generation_config.max_length
-        self.controller = DraftLengthController(drafter.config.block_size, draft_length)
+        if draft_length is None:  # measured acceptance and round costs, kept on the drafter across generations
+            self.policy = drafter.length_policy
+            self.policy.acceptance.decay(0.5)
+        else:
+            self.policy = drafter.new_length_policy(fixed=draft_length)
         self.stats = stats if stats is not None else SpecDiffStats()
         self._last_draft_len = 0
+        self._round_started: float | None = None  # None until the verifier has read the prompt (untimed round)
 
     def get_candidates(self, input_ids: torch.LongTensor, model_outputs=None, is_first_iteration: bool = False,
                        **kwargs):
-        num_tokens = min(self.controller.next_length(), self.max_length - input_ids.shape[1] - 1)
+        self._round_started = time.perf_counter() if self.stats.rounds else None
+        num_tokens = min(self.policy.next_length(), self.max_length - input_ids.shape[1] - 1)
         if self.requires_model_outputs:
             if model_outputs is not None and self._verified is not None:
                 features = self.drafter.select_features(model_outputs.hidden_states)[0]
@@ -170,7 +139,8 @@ class DiffusionCandidateGenerator(CandidateGenerator):
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         self.stats.record_round(self._last_draft_len, int(num_matches))
         if self._last_draft_len:
-            self.controller.update(self._last_draft_len, int(num_matches))
+            seconds = None if self._round_started is None else time.perf_counter() - self._round_started
+            self.policy.update(self._last_draft_len, int(num_matches), seconds)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -436,8 +406,8 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
     if hasattr(cache, "activate_past_recording"):
         cache.activate_past_recording()
     do_sample = bool(generation_config.do_sample)
-    controller = DraftLengthController(drafter.config.block_size, draft_length)
-    lookup_rates = DraftLengthController(max(lookup_tokens, 1))  # the lookup draft's acceptance by depth (greedy)
+    controller = drafter.new_length_policy(fixed=draft_length)
+    lookup_rates = drafter.new_length_policy(max(lookup_tokens, 1)).acceptance  # the lookup draft's, by depth
     drafter_cache = drafter.new_cache()
     conditioned = _is_conditioned(drafter)
     output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
@@ -495,7 +465,7 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
             target_scores[1 + torch.tensor(nodes)] = logits_processor(context, logits[1 + torch.tensor(nodes)])
 
         if do_sample:
-            draft_probs = draft_scores.float().softmax(-1) if len(tree) else None
+            draft_probs = draft_scores.float().softmax(-1) if num_tokens > 0 else None  # None: a lookup-only tree
             path, next_token = accept_sampling(tree, target_scores, draft_probs)
         else:
             path, next_token = accept_greedy(tree, target_scores)
@@ -591,6 +561,8 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         raise ValueError("specdiff_generate needs a drafter: model.generate(..., drafter=drafter)")
     if input_ids.shape[0] != 1:
         raise ValueError(f"SpecDiff decoding runs one prompt at a time (got batch size {input_ids.shape[0]}).")
+    if input_ids.shape[1] == 0:
+        raise ValueError("The prompt is empty: pass at least one token (for example the BOS token).")
     attention_mask = model_kwargs.get("attention_mask")
     if attention_mask is not None and not bool(attention_mask.all()):
         raise ValueError("SpecDiff decoding does not take padded inputs: pass one unpadded prompt.")
@@ -623,6 +595,8 @@ def _check_pair(model, drafter):
             f"The drafter's vocab_size ({drafter.config.vocab_size}) differs from the verifier's ({verifier_vocab}): "
             "use a drafter trained for this verifier's tokenizer."
         )
+    if _is_conditioned(drafter):
+        drafter.check_verifier_layers(model)
 
 
 def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,

@@ -1,57 +1,115 @@
-"""`hf-specdiff demo`: stream an answer with SpecDiff decoding, then compare it with plain greedy decoding."""
+"""`hf-specdiff demo`: stream answers with SpecDiff decoding, the drafter's accepted tokens marked, then compare
+each with plain greedy decoding."""
 
+import sys
 import time
-from pathlib import Path
 
 import torch
-from transformers import TextStreamer
 
 from .compat import check_compatibility
 from .decoding import SpecDiffStats, generate
 from .modeling_specdiff import SpecDiffDrafter
+from .shipped import shipped_drafter_path
+from .threads import torch_threads
 from .verifiers import DEFAULT_VERIFIER, load_verifier
 
-SHIPPED_DRAFTER = Path(__file__).resolve().parents[1] / "model_cards" / "specdiff-smollm2-135m-instruct"
+DRAFTED_COLOUR, RESET = "\033[32m", "\033[0m"
 
 
-def run_demo(prompt: str, verifier: str = DEFAULT_VERIFIER, drafter: str | None = None, num_drafts: int = 4,
-             lookup_tokens: int = 10, max_new_tokens: int = 128, dtype=torch.bfloat16, threads: int = 2) -> dict:
-    """Stream SpecDiff's answer to `prompt`, time plain greedy on the same input, print and return the comparison."""
-    torch.set_num_threads(threads)
-    drafter_path = Path(drafter) if drafter else SHIPPED_DRAFTER
-    if not (drafter_path / "config.json").exists():
-        raise FileNotFoundError(f"no drafter at {drafter_path}: pass --drafter DIR (a SpecDiff drafter folder)")
+class DraftMarkingStreamer:
+    """Prints the answer as it is decoded, marking the tokens the drafter proposed and the verifier accepted.
+
+    Each `put` after the prompt is one verification round: its tokens are the accepted draft tokens and then the
+    verifier's own next token. Drafted text is green on a terminal and in [brackets] elsewhere.
+    """
+
+    def __init__(self, tokenizer, colour: bool, out=None):
+        self.tokenizer, self.colour, self.out = tokenizer, colour, out or sys.stdout
+        self.tokens: list[int] = []
+        self.shown = ""
+        self.prompt_seen = False
+
+    def _text(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    def _mark(self, text: str) -> str:
+        if not text:
+            return text
+        return f"{DRAFTED_COLOUR}{text}{RESET}" if self.colour else f"[{text}]"
+
+    def put(self, value):
+        if not self.prompt_seen:  # the first put is the prompt, as in transformers' streamers
+            self.prompt_seen = True
+            return
+        new = value.flatten().tolist()
+        drafted = self._text(self.tokens + new[:-1])
+        self.tokens += new
+        full = self._text(self.tokens)
+        if full.endswith("\ufffd"):  # an incomplete character: wait for the next round
+            return
+        cut = max(len(self.shown), min(len(drafted), len(full)))
+        self.out.write(self._mark(full[len(self.shown):cut]) + full[cut:])
+        self.out.flush()
+        self.shown = full
+
+    def end(self):
+        self.out.write("\n")
+        self.out.flush()
+
+
+def load_demo_models(verifier: str = DEFAULT_VERIFIER, drafter: str | None = None, dtype=torch.bfloat16):
+    """(verifier, tokenizer, drafter): the drafter first (`None`: the shipped one), so a bad folder fails fast."""
+    draft_model = SpecDiffDrafter.from_pretrained(drafter or shipped_drafter_path(verifier), dtype=dtype).eval()
     model, tokenizer = load_verifier(verifier, dtype=dtype)
-    draft_model = SpecDiffDrafter.from_pretrained(drafter_path, dtype=dtype).eval()
     check_compatibility(model, draft_model)
+    return model, tokenizer, draft_model
+
+
+def run_demo(prompts: str | list[str], verifier: str = DEFAULT_VERIFIER, drafter: str | None = None,
+             num_drafts: int = 4, lookup_tokens: int = 10, max_new_tokens: int = 128, dtype=torch.bfloat16,
+             threads: int | None = 2, colour: bool | None = None) -> list[dict]:
+    """Stream SpecDiff's answer to each prompt with its drafted tokens marked, time plain greedy on the same input,
+    print and return the comparisons. `threads` applies to this call only; `colour=None` colours on a terminal."""
+    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    if not prompts:
+        raise ValueError("no prompts given")
+    colour = sys.stdout.isatty() if colour is None else colour
+    with torch_threads(threads):
+        model, tokenizer, draft_model = load_demo_models(verifier, drafter, dtype)
+        print("drafted by the drafter and accepted by the verifier: " +
+              (f"{DRAFTED_COLOUR}green{RESET}" if colour else "[in brackets]") + "; the rest: the verifier's own")
+        return [_compare(model, tokenizer, draft_model, prompt, dict(num_drafts=num_drafts, lookup_tokens=lookup_tokens),
+                         max_new_tokens, colour) for prompt in prompts]
+
+
+def _compare(model, tokenizer, draft_model, prompt: str, options: dict, max_new_tokens: int, colour: bool) -> dict:
     inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                            return_tensors="pt", return_dict=True)
     prompt_len = inputs["input_ids"].shape[1]
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
-    options = dict(num_drafts=num_drafts, lookup_tokens=lookup_tokens)
-
     # One short untimed run of each first, so neither timed run pays one-time start-up costs.
     generate(model, draft_model, **inputs, **options, max_new_tokens=4, do_sample=False)
     model.generate(**inputs, max_new_tokens=4, do_sample=False)
 
+    print(f"\n> {prompt}")
     stats = SpecDiffStats()
     start = time.perf_counter()
     fast = generate(model, draft_model, **inputs, **options, stats=stats,
-                    streamer=TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True), **kwargs)
+                    streamer=DraftMarkingStreamer(tokenizer, colour), **kwargs)
     fast_s = time.perf_counter() - start
     start = time.perf_counter()
     plain = model.generate(**inputs, **kwargs)
     plain_s = time.perf_counter() - start
 
-    result = {"plain_tok_s": (plain.shape[1] - prompt_len) / plain_s,
+    result = {"prompt": prompt, "plain_tok_s": (plain.shape[1] - prompt_len) / plain_s,
               "specdiff_tok_s": (fast.shape[1] - prompt_len) / fast_s, "tau": stats.tau,
-              "identical": fast.tolist() == plain.tolist(), "num_drafts": num_drafts, "lookup_tokens": lookup_tokens,
-              "dtype": str(dtype)}
+              "identical": fast.tolist() == plain.tolist(), **options, "dtype": str(model.dtype)}
     result["speedup"] = result["specdiff_tok_s"] / result["plain_tok_s"]
-    method = f"SpecDiff-2 (K={num_drafts}" + (f", lookup {lookup_tokens})" if lookup_tokens else ")")
-    print(f"\nplain {result['plain_tok_s']:.1f} tok/s | {method} {result['specdiff_tok_s']:.1f} tok/s"
+    method = f"SpecDiff-2 (K={options['num_drafts']}" + (
+        f", lookup {options['lookup_tokens']})" if options["lookup_tokens"] else ")")
+    exact_note = "" if result["identical"] or model.dtype == torch.float32 else \
+        " (bf16 verification rounds differently from single steps; use --dtype fp32 for exact equality)"
+    print(f"plain {result['plain_tok_s']:.1f} tok/s | {method} {result['specdiff_tok_s']:.1f} tok/s"
           f" | speed-up {result['speedup']:.2f}x | tau {stats.tau:.2f} | identical to plain greedy: "
-          f"{result['identical']}" + ("" if result["identical"] or dtype == torch.float32 else
-                                      " (bf16 verification rounds differently from single steps; use --dtype fp32 "
-                                      "for exact equality)"))
+          f"{result['identical']}{exact_note}")
     return result

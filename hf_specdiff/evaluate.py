@@ -9,25 +9,28 @@ from tqdm.auto import tqdm
 from .compat import check_compatibility
 from .data import encode_prompt
 from .decoding import SpecDiffStats, generate
+from .threads import torch_threads
 
 
 @torch.no_grad()
 def evaluate_drafter(verifier, tokenizer, drafter, prompts: list, num_drafts: int = 1, draft_length: int | None = None,
                      num_denoising_steps: int | None = None, max_new_tokens: int = 128, do_sample: bool = False,
-                     progress: bool = True) -> dict:
-    """Decode `prompts` with the drafter and return tau, acceptance by position and drafter forwards per round."""
-    check_compatibility(verifier, drafter)
-    configured_steps = drafter.config.num_denoising_steps
-    steps = num_denoising_steps or configured_steps
-    stats = SpecDiffStats()
-    drafter.config.num_denoising_steps = steps  # for this evaluation only
-    try:
-        for prompt in tqdm(prompts, desc="eval-drafter", disable=not progress):
-            ids = torch.tensor([encode_prompt(tokenizer, prompt, True, 2048)], device=verifier.device)
-            generate(verifier, drafter, ids, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                     num_drafts=num_drafts, draft_length=draft_length, stats=stats)
-    finally:
-        drafter.config.num_denoising_steps = configured_steps
+                     progress: bool = True, threads: int | None = None) -> dict:
+    """Decode `prompts` with the drafter and return tau, acceptance by position and drafter forwards per round.
+    `threads` sets torch's thread count for the call; the caller's count is restored on return."""
+    with torch_threads(threads):
+        check_compatibility(verifier, drafter)
+        configured_steps = drafter.config.num_denoising_steps
+        steps = num_denoising_steps or configured_steps
+        stats = SpecDiffStats()
+        drafter.config.num_denoising_steps = steps  # for this evaluation only
+        try:
+            for prompt in tqdm(prompts, desc="eval-drafter", disable=not progress):
+                ids = torch.tensor([encode_prompt(tokenizer, prompt, True, 2048)], device=verifier.device)
+                generate(verifier, drafter, ids, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                         num_drafts=num_drafts, draft_length=draft_length, stats=stats)
+        finally:
+            drafter.config.num_denoising_steps = configured_steps
     return {"prompts": len(prompts), "num_drafts": num_drafts, "draft_length": draft_length,
             "num_denoising_steps": steps, **stats.as_dict()}
 

@@ -13,6 +13,7 @@ This file ships to the Hub as remote code: it imports only torch and transformer
 """
 
 import copy
+import os
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,13 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_specdiff import SpecDiffConfig
-from .generation_specdiff import SpecDiffCache, VerifierFeatures, VerifierHooks, draft_block
+from .generation_specdiff import (AssistantRounds, DraftLengthPolicy, SpecDiffCache, VerifierFeatures, VerifierHooks,
+                                  draft_block)
+
+# The drafter's own `num_assistant_tokens_schedule`: transformers' loop asks for `num_assistant_tokens` (the block
+# size) every round and the drafter drafts as many as its `DraftLengthPolicy` finds worth verifying. transformers
+# treats any value but "heuristic*" as constant; set "constant" to always draft what the loop asks for.
+ADAPTIVE_SCHEDULE = "adaptive"
 
 
 class SpecDiffRMSNorm(nn.Module):
@@ -212,10 +219,24 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         self.lm_head = nn.Linear(config.hidden_size, head_size, bias=False)
         self._draft_ids: torch.Tensor | None = None
         self._hooks: VerifierHooks | None = None
+        self._length_policy: DraftLengthPolicy | None = None
         self.post_init()
         self.generation_config.num_assistant_tokens = config.block_size
-        self.generation_config.num_assistant_tokens_schedule = "constant"
+        self.generation_config.num_assistant_tokens_schedule = ADAPTIVE_SCHEDULE
         self.generation_config.assistant_confidence_threshold = 0.0
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, with errors that say what is wrong with a local drafter folder."""
+        if isinstance(pretrained_model_name_or_path, (str, os.PathLike)):
+            _check_local_folder(os.fspath(pretrained_model_name_or_path))
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except Exception as error:
+            if type(error).__name__ == "SafetensorError":  # a truncated or corrupt weights file
+                raise ValueError(f"The drafter's weights in {pretrained_model_name_or_path} cannot be read ({error}): "
+                                 "the file is damaged or incomplete; copy or download it again.") from error
+            raise
 
     def get_input_embeddings(self):
         return self.model.embed_tokens
@@ -294,6 +315,8 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             )
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("SpecDiffDrafter does not take padded inputs: pass an unpadded single prompt.")
+        if input_ids.shape[1] == 0:
+            raise ValueError("The prompt is empty: pass at least one token (for example the BOS token).")
         if not 1 <= num_tokens <= self.config.block_size:
             raise ValueError(
                 f"Asked for {num_tokens} draft tokens but this drafter drafts at most block_size="
@@ -377,6 +400,28 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             schedule=self.config.unmasking_schedule,
         )
 
+    @property
+    def length_policy(self) -> DraftLengthPolicy:
+        """The adaptive draft-length policy of the linear paths (drop-in and K=1): measured acceptance and round
+        costs, kept across generations."""
+        if self._length_policy is None:
+            self._length_policy = self.new_length_policy()
+        return self._length_policy
+
+    def new_length_policy(self, max_length: int | None = None, fixed: int | None = None) -> DraftLengthPolicy:
+        """A fresh `DraftLengthPolicy` for drafts of at most `max_length` tokens (default: the block size)."""
+        return DraftLengthPolicy(max_length or self.config.block_size, fixed)
+
+    def _assistant_rounds(self, cache: SpecDiffCache, generation_config) -> AssistantRounds | None:
+        """The round tracker of an adaptive drafter called by transformers' assisted loop (None otherwise)."""
+        if not generation_config.is_assistant or \
+                self.generation_config.num_assistant_tokens_schedule != ADAPTIVE_SCHEDULE:
+            return None
+        if cache.assistant_rounds is None:  # a new generation: earlier prompts' acceptance counts for less
+            self.length_policy.acceptance.decay(0.5)
+            cache.assistant_rounds = AssistantRounds(self.length_policy)
+        return cache.assistant_rounds
+
     @torch.no_grad()
     def generate(
         self,
@@ -395,6 +440,10 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         settings come from `generation_config` and keyword arguments. Returns `sequences` (input + draft), `scores`
         (one tensor [1, vocab] per draft token: the processed logits it was drawn from) and `past_key_values`
         (the prefix cache to pass back next round).
+
+        Called by the assisted loop (`generation_config.is_assistant`) with the drafter's schedule "adaptive" (the
+        default), it drafts as many of the tokens asked for as its `length_policy` finds worth verifying: at least
+        one, more where the drafter is accepted and an extra verified token is cheap on this machine.
         """
         generation_config = copy.deepcopy(generation_config or self.generation_config)
         generation_config.update(**{k: v for k, v in kwargs.items() if hasattr(generation_config, k)})
@@ -404,6 +453,10 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             past_key_values = SpecDiffCache()
         elif not isinstance(past_key_values, SpecDiffCache):
             raise TypeError(f"past_key_values must be the SpecDiffCache this drafter returned, got {type(past_key_values)}")
+        rounds = self._assistant_rounds(past_key_values, generation_config)
+        if rounds is not None:
+            rounds.observe(input_ids)
+            num_tokens = min(num_tokens, rounds.policy.next_length())
         if self.config.is_conditioned:
             if self._hooks is None:
                 raise ValueError(_NEEDS_VERIFIER)
@@ -412,11 +465,27 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             logits_processor = _sampling_processors(generation_config)
         draft, scores = self.draft(input_ids, past_key_values, num_tokens, logits_processor,
                                    do_sample=bool(generation_config.do_sample))
+        if rounds is not None:
+            rounds.drafted(input_ids, draft)
         return GenerateDecoderOnlyOutput(
             sequences=torch.cat([input_ids, draft], dim=1),
             scores=tuple(scores[:, None].unbind(0)),
             past_key_values=past_key_values,
         )
+
+
+def _check_local_folder(path: str):
+    """Raise an error naming the problem if `path` is meant as a local drafter folder and is not a complete one."""
+    if not os.path.exists(path):
+        if os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1:  # a path, not a Hub id
+            raise FileNotFoundError(f"no drafter at {path}: pass the folder of a saved SpecDiff drafter")
+        return
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"{path} has no config.json, so it is not a saved SpecDiff drafter: pass the folder "
+                                "that drafter.save_pretrained() or `hf-specdiff train --out` wrote.")
+    if not any(name.endswith((".safetensors", ".bin")) for name in os.listdir(path)):
+        raise FileNotFoundError(f"{path} has a config.json but no weights (model.safetensors): the folder is "
+                                "incomplete; copy or download it again.")
 
 
 def _sampling_processors(generation_config: GenerationConfig) -> LogitsProcessorList:

@@ -388,7 +388,7 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.max_steps)
     if checkpoint is not None:
-        state = torch.load(checkpoint / "trainer.pt", weights_only=False)
+        state = torch.load(checkpoint / "trainer.pt", weights_only=True)  # tensors and plain containers only
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
     model, optimizer, scheduler = accelerator.prepare(drafter, optimizer, scheduler)

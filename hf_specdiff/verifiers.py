@@ -45,6 +45,12 @@ def prepare_verifier(name: str = DEFAULT_VERIFIER) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = gguf_path(name)
+    try:
+        import gguf as _  # noqa: F401  (transformers' GGUF reader)
+    except ImportError as error:
+        raise ImportError(
+            f"Converting the '{name}' verifier from its GGUF file needs the gguf package, which hf_specdiff "
+            "depends on: reinstall it (pip install -e .) or run: pip install 'gguf>=0.10'") from error
     loaded = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     # save_pretrained refuses GGUF-loaded models: rebuild a plain model and copy the dequantised weights.

@@ -26,7 +26,9 @@ def test_bench_runs_every_method_and_writes_results(tmp_path):
                         max_new_tokens=24, with_lookup=True, progress=False)
     specdiff2 = ["SpecDiff-2 (K=1)", "SpecDiff-2 (K=4)", "SpecDiff-2 conditioned (K=1)", "SpecDiff-2 conditioned (K=4)"]
     specdiff = ["SpecDiff (mdlm, K=1)", "SpecDiff (mdlm, K=4)", *specdiff2]
-    methods = ["plain", "prompt lookup", "AR drafter", *specdiff, *[f"{m} + lookup" for m in specdiff]]
+    drop_in = ["SpecDiff-2 drop-in", "SpecDiff-2 conditioned drop-in"]
+    methods = ["plain", "prompt lookup", "AR drafter", "SpecDiff (mdlm, K=1)", "SpecDiff (mdlm, K=4)", drop_in[0],
+               *specdiff2[:2], drop_in[1], *specdiff2[2:], *[f"{m} + lookup" for m in specdiff]]
     assert summary["methods"] == methods
     assert set(summary["results"]) == {"math", "qa", "overall"}
     overall = summary["results"]["overall"]

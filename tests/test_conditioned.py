@@ -163,9 +163,14 @@ def small():
     return verifier, drafter, prompt, exact_first_two(verifier, prompt)
 
 
-@pytest.mark.parametrize("route", ["generate-K1", "generate-K4", "attach"])
+@pytest.mark.parametrize("route", ["generate-K1", "generate-K4", "attach", "generate-K1-lookup", "generate-K4-lookup"])
 def test_sampling_matches_target(small, route):
     verifier, drafter, prompt, exact = small
+    lookup = 2 if route.endswith("lookup") else 0
+    if lookup:  # a prompt that repeats tokens: the first round's tree holds a lookup draft and no drafter nodes
+        prompt = torch.cat([prompt, prompt[:, 1:3]], dim=1)
+        assert hf_specdiff.decoding.prompt_lookup(prompt[0], 2)
+        exact = exact_first_two(verifier, prompt)
     stats = hf_specdiff.SpecDiffStats()
     torch.manual_seed(1)
     pairs = []
@@ -177,8 +182,8 @@ def test_sampling_matches_target(small, route):
             if route == "attach":
                 out = verifier.generate(prompt, assistant_model=drafter, **kwargs)
             else:
-                out = hf_specdiff.generate(verifier, drafter, prompt, num_drafts=4 if route == "generate-K4" else 1,
-                                           draft_length=2, stats=stats, **kwargs)
+                out = hf_specdiff.generate(verifier, drafter, prompt, num_drafts=4 if "K4" in route else 1,
+                                           draft_length=2, lookup_tokens=lookup, stats=stats, **kwargs)
             pairs.append(out[0, prompt.shape[1]: prompt.shape[1] + 2])
     finally:
         drafter.detach()

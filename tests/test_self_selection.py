@@ -9,6 +9,7 @@ from transformers import StopStringCriteria
 
 import hf_specdiff
 import hf_specdiff.decoding as decoding
+from hf_specdiff.generation_specdiff import AcceptanceRates, DraftLengthPolicy
 from helpers import (ARCHS, CollectingStreamer, greedy_sequences, sampled_sequences, sharp_verifier, tiny_drafter,
                      tiny_gemma3, tiny_tokenizer, tiny_verifier, train_briefly)
 from stats import chi_square_pvalue, exact_first_two
@@ -310,7 +311,7 @@ def test_committed_custom_generate_folder_is_current():
 
 
 def test_draft_length_adapts_to_measured_acceptance():
-    controller = decoding.DraftLengthController(max_length=16)
+    controller = DraftLengthPolicy(max_length=16)
     assert controller.next_length() == 16  # optimistic start: untried positions count as accepted
     for _ in range(20):
         controller.update(num_drafted=controller.next_length(), num_accepted=1)  # always rejected at position 2
@@ -319,7 +320,7 @@ def test_draft_length_adapts_to_measured_acceptance():
         length = controller.next_length()
         controller.update(num_drafted=length, num_accepted=length)  # now everything is accepted
     assert controller.next_length() == 16
-    assert decoding.DraftLengthController(max_length=16, fixed=5).next_length() == 5
+    assert DraftLengthPolicy(max_length=16, fixed=5).next_length() == 5
 
 
 def test_top_k_drafts_are_the_k_most_probable_sequences():
@@ -334,7 +335,7 @@ def test_top_k_drafts_are_the_k_most_probable_sequences():
 
 
 def test_unreached_draft_positions_take_the_last_measured_rate():
-    controller = decoding.DraftLengthController(max_length=5)
+    controller = AcceptanceRates(max_length=5)
     assert controller.rates().tolist() == [1.0] * 5
     controller.update(num_drafted=5, num_accepted=1)  # position 1 accepted, position 2 rejected, 3-5 not reached
     assert controller.rates().tolist() == [1.0, 0.5, 0.5, 0.5, 0.5]

@@ -20,6 +20,8 @@ exact when token i was drawn from q_i and q_i depends only on the prefix and on 
 This file ships to the Hub as remote code: it imports only torch and transformers.
 """
 
+import time
+
 import torch
 
 from transformers import LogitsProcessorList
@@ -41,6 +43,7 @@ class SpecDiffCache:
         self.offset = 0
         self.tokens_encoded = 0  # prefix tokens encoded over the cache's life: the drafting cost beyond the blocks
         self.verifier_features = VerifierFeatures()  # what a conditioned drafter reads (unused by a standalone one)
+        self.assistant_rounds: AssistantRounds | None = None  # set when transformers' assisted loop calls the drafter
 
     @property
     def num_cached(self) -> int:
@@ -206,6 +209,125 @@ class VerifierHooks:
         self.handles = []
 
 
+class AcceptanceRates:
+    """Per draft position i, the rate a_i at which position i is accepted once every position before it was:
+    (accepted + 1) / (reached + 1), so an untried position counts as accepted. A position not reached yet is taken
+    to do as well as the last one reached."""
+
+    def __init__(self, max_length: int):
+        self.reached = torch.zeros(max_length)
+        self.accepted = torch.zeros(max_length)
+
+    def rates(self) -> torch.Tensor:
+        rate = (self.accepted + 1) / (self.reached + 1)
+        reached = int(self.reached.count_nonzero())  # the positions reached so far are a prefix
+        if reached:
+            rate[reached:] = rate[reached - 1]
+        return rate
+
+    def update(self, num_drafted: int, num_accepted: int):
+        reached = min(num_accepted + 1, num_drafted)
+        self.reached[:reached] += 1
+        self.accepted[:num_accepted] += 1
+
+    def decay(self, factor: float):
+        """Shrink the counts (the measured rates stay, their weight drops): a new generation adapts faster."""
+        self.reached *= factor
+        self.accepted *= factor
+
+
+class RoundCosts:
+    """Measured seconds of a verification round against its draft length g, as a line c0 + c1 * g fitted to the
+    per-length means (least squares, weighted by the rounds measured). Until two lengths are measured, the slope
+    is `prior_slope` times the intercept: it assumes extra verified tokens are cheap, and lets the policy try longer
+    drafts until measurements say otherwise."""
+
+    min_slope = 0.005  # a verified token is never taken as free: noise must not make the longest draft look best
+
+    def __init__(self, prior_slope: float = 0.02):
+        self.prior_slope = prior_slope
+        self.seconds: dict[int, float] = {}
+        self.rounds: dict[int, int] = {}
+
+    def record(self, length: int, seconds: float):
+        self.seconds[length] = self.seconds.get(length, 0.0) + seconds
+        self.rounds[length] = self.rounds.get(length, 0) + 1
+
+    def predict(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Relative cost of rounds of these lengths (any positive scale)."""
+        if not self.rounds:
+            return 1 + self.prior_slope * lengths
+        g = torch.tensor(list(self.rounds), dtype=torch.float64)
+        n = torch.tensor(list(self.rounds.values()), dtype=torch.float64)
+        mean = torch.tensor([self.seconds[k] / self.rounds[k] for k in self.rounds], dtype=torch.float64)
+        if len(g) == 1:
+            c0 = mean[0] / (1 + self.prior_slope * g[0])
+            return (c0 * (1 + self.prior_slope * lengths)).float()
+        g_bar, m_bar = (n * g).sum() / n.sum(), (n * mean).sum() / n.sum()
+        slope = (n * (g - g_bar) * (mean - m_bar)).sum() / (n * (g - g_bar) ** 2).sum()
+        intercept = (m_bar - slope.clamp_min(0) * g_bar).clamp_min(0.1 * m_bar)
+        slope = slope.clamp_min(self.min_slope * intercept)
+        return (intercept + slope * lengths).float()
+
+
+class DraftLengthPolicy:
+    """Picks the draft length g <= max_length that maximises expected tokens per round, 1 + sum_{m<=g} prod_{i<=m}
+    a_i (`AcceptanceRates`), over the measured cost of a round of that length (`RoundCosts`): long drafts where the
+    drafter is accepted and verifying more tokens is cheap, short ones where it is rejected or verifying is dear.
+    `fixed` pins the length."""
+
+    def __init__(self, max_length: int, fixed: int | None = None, prior_slope: float = 0.02):
+        self.max_length = max_length
+        self.fixed = fixed
+        self.acceptance = AcceptanceRates(max_length)
+        self.costs = RoundCosts(prior_slope)
+
+    def next_length(self) -> int:
+        if self.fixed is not None:
+            return self.fixed
+        lengths = torch.arange(1, self.max_length + 1)
+        expected = 1 + self.acceptance.rates().cumprod(0).cumsum(0)
+        return int(lengths[(expected / self.costs.predict(lengths)).argmax()])
+
+    def update(self, num_drafted: int, num_accepted: int, seconds: float | None = None):
+        """Record one verified draft: how many tokens were drafted and accepted, and (if timed) the round's seconds."""
+        self.acceptance.update(num_drafted, num_accepted)
+        if seconds is not None and num_drafted:
+            self.costs.record(num_drafted, seconds)
+
+
+class AssistantRounds:
+    """What a drafter called by transformers' assisted loop learns between calls, for its `DraftLengthPolicy`.
+
+    The loop tells a drafter nothing back, but each call's `input_ids` start with the previous call's input, then
+    the accepted draft tokens: comparing them with the draft gives the accepted count. The time from one call's
+    start to the next is a whole round (drafting, the verifier's forward, the loop's bookkeeping). The first round
+    is not timed: its verifier forward also reads the prompt.
+    """
+
+    def __init__(self, policy: DraftLengthPolicy):
+        self.policy = policy
+        self.draft: torch.Tensor | None = None  # [g] the last draft
+        self.start = 0  # length of the input it was drafted after
+        self.started_at = 0.0
+        self.timed = False
+
+    def observe(self, input_ids: torch.Tensor):
+        """Call at the start of a drafting call with its `input_ids` [1, seq]."""
+        now = time.perf_counter()
+        if self.draft is not None:
+            seen = input_ids[0, self.start:self.start + self.draft.shape[0]].to(self.draft.device)
+            accepted = int((seen == self.draft[:seen.shape[0]]).long().cumprod(0).sum())
+            accepted = min(accepted, input_ids.shape[1] - self.start - 1)  # the last new token is the verifier's
+            self.policy.update(self.draft.shape[0], accepted, now - self.started_at if self.timed else None)
+            self.timed = True
+        self.started_at = now
+
+    def drafted(self, input_ids: torch.Tensor, draft: torch.Tensor):
+        """Call after drafting `draft` [1, g] after `input_ids` [1, seq]."""
+        self.draft, self.start = draft[0], input_ids.shape[1]
+
+
 def unmasking_chunks(num_tokens: int, num_steps: int) -> list[int]:
     """How many positions each denoising step unmasks: `num_tokens` split into at most `num_steps` near-equal chunks."""
     steps = min(num_steps, num_tokens)
@@ -337,4 +459,5 @@ def _conditioned_forward(model, input_ids, cache, num_tokens):
     return forward
 
 
-__all__ = ["SpecDiffCache", "VerifierFeatures", "VerifierHooks", "decoder_layers", "unmasking_chunks", "block_attention_mask", "select_tokens", "draft_block"]
+__all__ = ["SpecDiffCache", "VerifierFeatures", "VerifierHooks", "AcceptanceRates", "RoundCosts", "DraftLengthPolicy",
+           "AssistantRounds", "decoder_layers", "unmasking_chunks", "block_attention_mask", "select_tokens", "draft_block"]

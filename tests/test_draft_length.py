@@ -1,0 +1,73 @@
+"""The adaptive draft length of the linear paths: measured acceptance against the measured cost of a round."""
+
+import pytest
+import torch
+
+from hf_specdiff.generation_specdiff import DraftLengthPolicy, RoundCosts
+from helpers import greedy_sequences, tiny_drafter, tiny_verifier, train_briefly
+
+PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(4))
+
+
+def measured(policy: DraftLengthPolicy, cost, accepted_rate: float, rounds: int = 200):
+    """Run `rounds` rounds where each drafted position is accepted with `accepted_rate` (given the ones before
+    it) and a round of length g costs cost(g) seconds; return the length the policy settles on."""
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(rounds):
+        g = policy.next_length()
+        accepted = int((torch.rand(g, generator=generator) < accepted_rate).long().cumprod(0).sum())
+        policy.update(g, accepted, cost(g))
+    return policy.next_length()
+
+
+def test_round_costs_fit_a_line_and_never_call_a_token_free():
+    costs = RoundCosts()
+    for g, seconds in [(1, 0.05), (4, 0.08), (16, 0.20), (16, 0.22)]:
+        costs.record(g, seconds)
+    predicted = costs.predict(torch.tensor([1.0, 8.0, 16.0]))
+    assert predicted[0] == pytest.approx(0.05, abs=0.01) and predicted[2] == pytest.approx(0.21, abs=0.01)
+    flat = RoundCosts()
+    flat.record(2, 0.1)
+    flat.record(8, 0.09)  # noise: longer looked cheaper
+    assert flat.predict(torch.tensor([16.0])) > flat.predict(torch.tensor([1.0]))
+
+
+@pytest.mark.parametrize("slope,rate,expected", [(0.02, 0.9, (10, 16)), (0.3, 0.9, (2, 6)), (0.3, 0.2, (1, 1)),
+                                                 (0.02, 0.05, (1, 2))])
+def test_policy_drafts_long_only_where_it_pays(slope, rate, expected):
+    length = measured(DraftLengthPolicy(16), lambda g: 0.05 * (1 + slope * g), rate)
+    assert expected[0] <= length <= expected[1]
+
+
+def drop_in(verifier, drafter, prompt, lengths):
+    """Plain assisted generation with `drafter`; `lengths` receives the length of every draft it returned."""
+    original = drafter.draft
+
+    def draft(input_ids, cache, num_tokens, *args, **kwargs):
+        lengths.append(num_tokens)
+        return original(input_ids, cache, num_tokens, *args, **kwargs)
+
+    drafter.draft = draft
+    try:
+        return verifier.generate(prompt, assistant_model=drafter, max_new_tokens=60, do_sample=False,
+                                 eos_token_id=None)
+    finally:
+        del drafter.draft
+
+
+def test_drop_in_path_shortens_drafts_that_are_rejected_and_stays_exact():
+    verifier = tiny_verifier("llama")
+    trained = train_briefly(tiny_drafter(verifier, block_size=16), greedy_sequences(verifier, PROMPTS, 48), steps=120)
+    untrained = tiny_drafter(verifier, block_size=16)  # its drafts are almost never accepted
+    for drafter, low, high in ((untrained, 1, 2), (trained, 4, 16)):
+        lengths = []
+        for prompt in PROMPTS[:3].split(1):
+            out = drop_in(verifier, drafter, prompt, lengths)
+            plain = verifier.generate(prompt, max_new_tokens=60, do_sample=False, eos_token_id=None)
+            assert out.tolist() == plain.tolist()
+        later = sorted(lengths[len(lengths) // 2:])
+        assert low <= later[len(later) // 2] <= high, lengths
+    untrained.generation_config.num_assistant_tokens_schedule = "constant"  # the user's opt-out: what is asked
+    lengths = []
+    drop_in(verifier, untrained, PROMPTS[:1], lengths)
+    assert set(lengths[:40]) == {16}  # the last rounds are cut by max_new_tokens
