@@ -9,33 +9,26 @@ tokens per verifier forward (tau) and whether the texts are identical (fp32: the
 
 import argparse
 import time
-from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM
 
 import hf_specdiff
-from hf_specdiff.compat import drafter_config_for
 from hf_specdiff.verifiers import load_verifier
-
-SHIPPED = Path(__file__).resolve().parents[1] / "model_cards" / "specdiff-smollm2-135m-instruct"
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verifier", default="smollm2-135m-instruct", help="verifier folder or known name")
-    parser.add_argument("--drafter", default=str(SHIPPED), help="drafter folder (default: the shipped one)")
+    parser.add_argument("--drafter", default=None, help="drafter folder (default: the shipped one)")
     parser.add_argument("--prompt", default="Explain speculative decoding in two sentences.")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     args = parser.parse_args()
     torch.set_num_threads(2)
 
     verifier, tokenizer = load_verifier(args.verifier, dtype=torch.float32)
-    if Path(args.drafter, "config.json").exists():
-        drafter = AutoModelForCausalLM.from_pretrained(args.drafter, trust_remote_code=True).eval()
-    else:
-        print(f"No drafter at {args.drafter}: using an untrained one (exact, but with nothing accepted).")
-        drafter = hf_specdiff.SpecDiffDrafter(drafter_config_for(verifier)).eval()
+    drafter = AutoModelForCausalLM.from_pretrained(args.drafter or hf_specdiff.shipped_drafter_path(),
+                                                   trust_remote_code=True).eval()
     hf_specdiff.check_compatibility(verifier, drafter)
 
     messages = [{"role": "user", "content": args.prompt}]

@@ -43,3 +43,8 @@ $BENCH $OTHERS --per-category 10 --max-new-tokens 256 --method "AR drafter" --me
     --method "SpecDiff-2 (K=1)" --out "$RUN/results_baselines"
 # the ablations: every method (both drafter kinds, K=1 and 4, with and without lookup) on 2 per category, 128 tokens
 $BENCH $OTHERS --per-category 2 --max-new-tokens 128 --out "$RUN/results_ablations"
+# the model card, rendered from the committed results (copy $RUN/results* into the card's bench*/ folders first)
+CARD=model_cards/specdiff-smollm2-135m-instruct
+hf-specdiff card $CARD --bench $CARD/bench/results.json --bench $CARD/bench-alignment/results.json \
+    --bench $CARD/bench-baselines/results.json --bench $CARD/bench-ablations/results.json \
+    --reproduce "bash examples/smollm2_recipe.sh   # data, the five drafters, the four benches and this card"

@@ -12,6 +12,7 @@ from .decoding import DiffusionCandidateGenerator, SpecDiffStats, generate, spec
 from .generation_specdiff import SpecDiffCache
 from .hub import export_custom_generate
 from .modeling_specdiff import SpecDiffDrafter, SpecDiffModel
+from .shipped import shipped_drafter_path
 
 __version__ = "0.1.0"
 
@@ -31,5 +32,6 @@ __all__ = [
     "check_compatibility",
     "export_custom_generate",
     "generate",
+    "shipped_drafter_path",
     "specdiff_generate",
 ]

@@ -132,7 +132,7 @@ def cmd_card(args):
 
     from .hub import render_card, validate_model_folder
 
-    bench = json.loads(Path(args.bench).read_text()) if args.bench else None
+    bench = [(_bench_title(path), json.loads(Path(path).read_text())) for path in args.bench or []]
     recipe_path = Path(args.recipe or Path(args.folder) / "training_recipe.json")
     recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else None
     card = render_card(args.folder, args.base_model, bench=bench, recipe=recipe, reproduce=args.reproduce)
@@ -143,6 +143,12 @@ def cmd_card(args):
     if problems:
         raise ValueError(f"{args.folder} is not Hub-ready ({len(problems)} problem(s))")
     print(f"{args.folder} is Hub-ready")
+
+
+def _bench_title(path: str) -> str:
+    """A card section title for a bench results.json: "Benchmark", or "Benchmark: <name>" for a folder bench-<name>."""
+    name = Path(path).resolve().parent.name
+    return "Benchmark" + (f": {name.removeprefix('bench-')}" if name.startswith("bench-") else "")
 
 
 def cmd_push(args):
@@ -245,7 +251,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("card", help="render a drafter folder's model card and validate the folder")
     p.add_argument("folder")
     p.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
-    p.add_argument("--bench", default=None, help="results.json from hf-specdiff bench")
+    p.add_argument("--bench", action="append", default=None,
+                   help="results.json from hf-specdiff bench (repeatable: one section each, titled by its folder)")
     p.add_argument("--recipe", default=None, help="training_recipe.json (default: the folder's)")
     p.add_argument("--reproduce", default=None, help="the commands that reproduce the drafter and its results")
     p.set_defaults(func=cmd_card)

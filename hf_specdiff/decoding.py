@@ -30,6 +30,7 @@ Why the output is exactly the verifier's:
 This file imports only torch and transformers, so it also ships as a Hub `custom_generate/generate.py`.
 """
 
+import math
 import os
 import time
 from contextlib import contextmanager
@@ -43,9 +44,10 @@ from transformers.generation.stopping_criteria import StopStringCriteria, Stoppi
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 
-# Greedy trees keep at most this many nodes: with the last committed token, a verifier forward over 16 positions.
-# On CPUs with AMX (oneDNN takes rows in blocks of 16) the linear layers cost the same for 1 to 16 rows, and each
-# position past 16 adds about 1.5 ms to a 60 ms SmolLM2-135M forward. On a GPU a larger tree is almost free.
+# Greedy trees verify at most this many nodes unless max_tree_nodes says otherwise: with the last committed token, a
+# verifier forward over 16 positions. What that costs depends on the hardware (docs/tuning.md; measured in bf16 on 2
+# CPU cores: 1.38x a 1-token forward with AVX512-BF16, 6x with AVX2 only), so by default each round sizes its tree
+# by measured round costs (`tree_budget`). On a GPU a larger tree is almost free: pass a larger max_tree_nodes.
 DEFAULT_MAX_TREE_NODES = 15
 
 
@@ -213,16 +215,21 @@ def top_k_drafts(log_q: torch.Tensor, k: int) -> torch.Tensor:
     return torch.tensor([beam for beam, _ in beams], dtype=torch.long).reshape(len(beams), log_q.shape[0])
 
 
-def prune_drafts(rows: list[list[int]], path_scores: list[list[float]], max_nodes: int) -> list[list[int]]:
-    """Cut `rows` so that their tree keeps only the `max_nodes` prefixes of highest score. `path_scores[r][d]` is
-    the log-probability that prefix `rows[r][:d + 1]` is accepted, so it never grows along a row and the kept set is
-    a tree. For greedy verification, where a node costs verifier compute but only the argmax path counts."""
+def _ranked_prefixes(rows: list[list[int]], path_scores: list[list[float]]) -> dict[tuple, tuple[float, int]]:
+    """Every prefix of `rows` with (-its best log-probability of acceptance, depth), best first."""
     best: dict[tuple, tuple[float, int]] = {}
     for row, row_scores in zip(rows, path_scores):
         for depth, score in enumerate(row_scores, start=1):
             key = tuple(row[:depth])
             best[key] = min(best.get(key, (float("inf"), depth)), (-score, depth))
-    kept = set(sorted(best, key=best.get)[:max_nodes])
+    return dict(sorted(best.items(), key=lambda item: item[1]))
+
+
+def prune_drafts(rows: list[list[int]], path_scores: list[list[float]], max_nodes: int) -> list[list[int]]:
+    """Cut `rows` so that their tree keeps only the `max_nodes` prefixes of highest score. `path_scores[r][d]` is
+    the log-probability that prefix `rows[r][:d + 1]` is accepted, so it never grows along a row and the kept set is
+    a tree. For greedy verification, where a node costs verifier compute but only the argmax path counts."""
+    kept = set(list(_ranked_prefixes(rows, path_scores))[:max_nodes])
     out = []
     for row in rows:
         depth = 0
@@ -230,6 +237,16 @@ def prune_drafts(rows: list[list[int]], path_scores: list[list[float]], max_node
             depth += 1
         out.append(row[:depth])
     return out
+
+
+def tree_budget(rows: list[list[int]], path_scores: list[list[float]], costs, max_nodes: int) -> int:
+    """How many nodes a greedy round should verify: the n <= max_nodes that maximises expected tokens, 1 + the
+    acceptance probabilities of the n best prefixes summed, over `costs.predict(n)`, the measured cost of a round
+    that verifies n nodes (`RoundCosts`). 0 makes the round a plain decoding step."""
+    ranked = list(_ranked_prefixes(rows, path_scores).values())[:max_nodes]
+    probs = torch.tensor([0.0] + [math.exp(-neg_log_p) for neg_log_p, _ in ranked], dtype=torch.float64)
+    sizes = torch.arange(len(probs))
+    return int(sizes[((1 + probs.cumsum(0)) / costs.predict(sizes.float()).double()).argmax()])
 
 
 def sample_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -416,6 +433,7 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
     prompt_len = input_ids.shape[1]
 
     while True:
+        round_start = time.perf_counter()
         committed = input_ids[:, cache.get_seq_length():]
         room = generation_config.max_length - input_ids.shape[1] - 1
         num_tokens = min(controller.next_length(), room)
@@ -437,7 +455,8 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
                 drafts = top_k_drafts(log_q, num_drafts)
                 rows += drafts.tolist()
                 scores += log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()
-            rows = prune_drafts(rows, scores, max_tree_nodes)
+            budget = max_tree_nodes or tree_budget(rows, scores, drafter.tree_round_costs, DEFAULT_MAX_TREE_NODES)
+            rows = prune_drafts(rows, scores, budget)
             lookup, drafts = rows[0], rows[1:]
         tree = DraftTree.from_drafts(drafts, fixed=lookup)
         tree_tokens = tree.tokens.to(input_ids.device)
@@ -479,6 +498,8 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
                 followed += 1
             lookup_rates.update(len(lookup), followed)
         compact_cache(cache, len(tree), path)
+        if not do_sample and committed.shape[1] == 1:  # a round that read no prompt: its cost for `tree_budget`
+            drafter.tree_round_costs.record(len(tree), time.perf_counter() - round_start)
         if conditioned:  # what the verifier read: the committed tokens and the accepted path
             features = drafter.select_features(outputs.hidden_states)[0]
             rows = torch.cat([torch.arange(committed.shape[1]), committed.shape[1] + torch.tensor(path, dtype=torch.long)])
@@ -546,10 +567,11 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         draft_length: a fixed draft length (<= block size); `None` adapts it to measured acceptance.
         lookup_tokens: if > 0, each round's tree also holds a prompt-lookup draft of up to this many tokens (the
             continuation of the latest earlier match of the context's last 1-3 tokens); runs the tree loop.
-        max_tree_nodes: greedy self-selection verifies at most this many tree nodes per round, lookup branch
-            included: the prefixes most likely to be accepted, drafter nodes by the drafter's marginals, lookup nodes
-            by the lookup draft's measured acceptance at each depth (`None`: 15, see `DEFAULT_MAX_TREE_NODES`).
-            Sampling verifies the K draws and the lookup draft whole.
+        max_tree_nodes: greedy self-selection verifies this many tree nodes per round, lookup branch included:
+            the prefixes most likely to be accepted, drafter nodes by the drafter's marginals, lookup nodes by the
+            lookup draft's measured acceptance at each depth. `None`: each round picks how many (0 to
+            `DEFAULT_MAX_TREE_NODES`) from those probabilities and the measured cost of a round on this machine
+            (`tree_budget`). Sampling verifies the K draws and the lookup draft whole.
         token_streamer: a streamer (`put`/`end`), since transformers does not forward `streamer` to custom loops;
             like `generate`, it gets the prompt first, then the new tokens.
         specdiff_stats: a `SpecDiffStats` to fill; the last run's stats are also left on `drafter.last_stats`.
@@ -584,7 +606,7 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         return _linear_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
                                 draft_length, token_streamer, stats, model_kwargs)
     return _tree_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
-                          num_drafts, draft_length, lookup_tokens, max_tree_nodes or DEFAULT_MAX_TREE_NODES,
+                          num_drafts, draft_length, lookup_tokens, max_tree_nodes,
                           token_streamer, stats, model_kwargs["past_key_values"])
 
 
@@ -605,7 +627,8 @@ def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int 
 
     Takes every `generate` argument, plus `drafter`, `num_drafts` (K), `draft_length` (None: adaptive),
     `lookup_tokens` (a prompt-lookup branch in the tree; 0: none), `max_tree_nodes` (greedy tree size, lookup branch
-    included; None: `DEFAULT_MAX_TREE_NODES`), `streamer` and `stats` (a `SpecDiffStats` to fill).
+    included; None: sized each round by measured cost, at most `DEFAULT_MAX_TREE_NODES`), `streamer` and `stats`
+    (a `SpecDiffStats` to fill).
     """
     if drafter is None:
         raise ValueError("Pass the drafter: generate(model, drafter, **inputs) or model.generate(..., drafter=drafter)")

@@ -33,9 +33,11 @@ class DraftMarkingStreamer:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def _mark(self, text: str) -> str:
-        if not text:
+        body = text.lstrip()
+        if not body:
             return text
-        return f"{DRAFTED_COLOUR}{text}{RESET}" if self.colour else f"[{text}]"
+        lead = text[:len(text) - len(body)]  # the space before a word stays outside the mark
+        return lead + (f"{DRAFTED_COLOUR}{body}{RESET}" if self.colour else f"[{body}]")
 
     def put(self, value):
         if not self.prompt_seen:  # the first put is the prompt, as in transformers' streamers

@@ -55,10 +55,13 @@ REQUIRED_FILES = ("config.json", "generation_config.json", "configuration_specdi
 CARD_KEYS = ("library_name", "pipeline_tag", "base_model", "license", "datasets", "tags")
 
 
-def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict | None = None,
-                license: str = "apache-2.0", datasets: tuple[str, ...] = ("openai/gsm8k",),
+def render_card(folder, base_model: str, bench: dict | list[tuple[str, dict]] | None = None,
+                recipe: dict | None = None, license: str = "apache-2.0", datasets: tuple[str, ...] = ("openai/gsm8k",),
                 reproduce: str | None = None) -> str:
-    """The model card (README.md) of a drafter folder: metadata, usage, benchmark table and training recipe."""
+    """The model card (README.md) of a drafter folder: metadata, usage, benchmark tables and training recipe.
+
+    `bench` is one `hf-specdiff bench` summary, or a list of (title, summary): each becomes its own section, all
+    rendered from the results, so a re-render loses nothing written by hand."""
     from .bench import markdown_table
 
     config = json.loads((Path(folder) / "config.json").read_text())
@@ -92,10 +95,11 @@ def render_card(folder, base_model: str, bench: dict | None = None, recipe: dict
              "# SpecDiff-2 self-selection (K drafts and a prompt-lookup draft verified as one tree):",
              "# pip install hf_specdiff, then",
              "# out = hf_specdiff.generate(verifier, drafter, **inputs, num_drafts=4, lookup_tokens=10)", "```", ""]
-    if bench is not None:
-        lines += ["## Benchmark", "", "Spec-Bench, speed-up over plain `generate` (tau = tokens per verifier forward, "
-                  "exact = share of outputs identical to plain greedy):", "", markdown_table(bench), ""]
-        settings = bench.get("settings", {})
+    benches = [("Benchmark", bench)] if isinstance(bench, dict) else list(bench or [])
+    for title, run in benches:
+        lines += [f"## {title}", "", "Spec-Bench, speed-up over plain `generate` (tau = tokens per verifier forward, "
+                  "exact = share of outputs identical to plain greedy):", "", markdown_table(run), ""]
+        settings = run.get("settings", {})
         if settings:
             lines += [f"Settings: {', '.join(f'{k}={v}' for k, v in settings.items() if k not in ('out',))}.", ""]
     if recipe is not None:

@@ -4,7 +4,6 @@ repository's `model_cards/` (a source checkout or an editable install)."""
 from pathlib import Path
 
 SHIPPED_DRAFTERS = {"smollm2-135m-instruct": "specdiff-smollm2-135m-instruct"}  # verifier name -> drafter folder
-DRAFTER_FILES = ("config.json", "generation_config.json", "model.safetensors")  # what a wheel carries of each
 PACKAGED = Path(__file__).resolve().parent / "drafters"
 CHECKOUT = Path(__file__).resolve().parents[1] / "model_cards"
 

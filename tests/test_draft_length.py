@@ -71,3 +71,37 @@ def test_drop_in_path_shortens_drafts_that_are_rejected_and_stays_exact():
     lengths = []
     drop_in(verifier, untrained, PROMPTS[:1], lengths)
     assert set(lengths[:40]) == {16}  # the last rounds are cut by max_new_tokens
+
+
+def test_tree_budget_weighs_acceptance_against_measured_cost():
+    from math import log
+
+    from hf_specdiff.decoding import tree_budget
+
+    rows, scores = [[1, 2, 3], [1, 4]], [[log(0.9), log(0.5), log(0.2)], [log(0.9), log(0.3)]]  # 4 unique prefixes
+
+    def costs(*points):
+        fitted = RoundCosts()
+        for nodes, seconds in points:
+            fitted.record(nodes, seconds)
+        return fitted
+
+    assert tree_budget(rows, scores, costs((1, 1.0), (15, 1.05)), 15) == 4  # nodes nearly free: take them all
+    assert tree_budget(rows, scores, costs((1, 1.0), (15, 1.05)), 3) == 3  # never more than the cap
+    assert tree_budget(rows, scores, costs((1, 1.2), (4, 1.9)), 15) == 2  # each node costs a fifth of a step
+    assert tree_budget(rows, scores, costs((1, 3.0), (2, 5.0)), 15) == 0  # dearer than they are worth: plain steps
+
+
+def test_tree_rounds_too_dear_to_draft_are_plain_steps_and_exact():
+    import hf_specdiff
+
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8)
+    for nodes, seconds in ((1, 3.0), (2, 5.0)):  # as if each verified node cost twice a plain step
+        drafter.tree_round_costs.record(nodes, seconds)
+    stats = hf_specdiff.SpecDiffStats()
+    out = hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=20, do_sample=False, eos_token_id=None,
+                               num_drafts=4, lookup_tokens=4, stats=stats)
+    assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=20, do_sample=False,
+                                             eos_token_id=None).tolist()
+    assert stats.rounds == 20 and drafter.tree_round_costs.rounds.get(0, 0) >= 18  # one token per round, 0 nodes

@@ -91,3 +91,9 @@ def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, 
     assert json.loads((tmp_path / "results.json").read_text())["records"] == summary["records"]
     assert main([a if a != "8" else "9" for a in args]) == 2
     assert "other settings (then, now: {'max_new_tokens': (8, 9)})" in capsys.readouterr().err
+
+
+def test_verifier_cost(models):
+    out = run("verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20",
+              "--rows", "1,4", "--threads", "1")
+    assert "k=  1:" in out and "k=  4:" in out and "(1.00x)" in out

@@ -30,8 +30,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration_specdiff import SpecDiffConfig
-from .generation_specdiff import (AssistantRounds, DraftLengthPolicy, SpecDiffCache, VerifierFeatures, VerifierHooks,
-                                  draft_block)
+from .generation_specdiff import (AssistantRounds, DraftLengthPolicy, RoundCosts, SpecDiffCache, VerifierFeatures,
+                                  VerifierHooks, draft_block)
 
 # The drafter's own `num_assistant_tokens_schedule`: transformers' loop asks for `num_assistant_tokens` (the block
 # size) every round and the drafter drafts as many as its `DraftLengthPolicy` finds worth verifying. transformers
@@ -220,6 +220,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         self._draft_ids: torch.Tensor | None = None
         self._hooks: VerifierHooks | None = None
         self._length_policy: DraftLengthPolicy | None = None
+        self._tree_round_costs: RoundCosts | None = None
         self.post_init()
         self.generation_config.num_assistant_tokens = config.block_size
         self.generation_config.num_assistant_tokens_schedule = ADAPTIVE_SCHEDULE
@@ -407,6 +408,14 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         if self._length_policy is None:
             self._length_policy = self.new_length_policy()
         return self._length_policy
+
+    @property
+    def tree_round_costs(self) -> RoundCosts:
+        """Measured seconds of greedy tree rounds by the number of nodes verified, kept across generations: what
+        `hf_specdiff.decoding.tree_budget` weighs a bigger tree against."""
+        if self._tree_round_costs is None:
+            self._tree_round_costs = RoundCosts()
+        return self._tree_round_costs
 
     def new_length_policy(self, max_length: int | None = None, fixed: int | None = None) -> DraftLengthPolicy:
         """A fresh `DraftLengthPolicy` for drafts of at most `max_length` tokens (default: the block size)."""

@@ -1,0 +1,52 @@
+"""The demo shows the drafting, and library calls leave torch's thread count as they found it."""
+
+import io
+
+import torch
+
+from hf_specdiff.bench import benchmark
+from hf_specdiff.demo import DraftMarkingStreamer, run_demo
+from hf_specdiff.evaluate import evaluate_drafter
+from helpers import greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
+
+PROMPTS = torch.randint(4, 96, (16, 5), generator=torch.Generator().manual_seed(6))
+
+
+def test_streamer_marks_accepted_draft_tokens():
+    for colour, expected in ((False, "[t5 t6] t7 t8 [t9] t10\n"), (True, "\033[32mt5 t6\033[0m t7 t8 \033[32mt9\033[0m t10\n")):
+        out = io.StringIO()
+        streamer = DraftMarkingStreamer(tiny_tokenizer(), colour=colour, out=out)
+        streamer.put(torch.tensor([[4, 4, 4]]))  # the prompt: not shown
+        for round_tokens in ([5, 6, 7], [8], [9, 10]):  # each round: accepted draft tokens, then the verifier's
+            streamer.put(torch.tensor([round_tokens]))
+        streamer.end()
+        assert out.getvalue() == expected
+
+
+def thread_counts(model) -> set:
+    seen = set()
+    model.register_forward_pre_hook(lambda *_: seen.add(torch.get_num_threads()))
+    return seen
+
+
+def test_library_calls_pin_threads_for_the_call_only(tmp_path, capsys):
+    verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
+    drafter = train_briefly(tiny_drafter(verifier, block_size=8), greedy_sequences(verifier, PROMPTS, 40), steps=80)
+    verifier.save_pretrained(tmp_path / "verifier")
+    tokenizer.save_pretrained(tmp_path / "verifier")
+    drafter.save_pretrained(tmp_path / "drafter")
+    torch.set_num_threads(2)
+
+    results = run_demo(["t5 t9 t14", "t7 t8"], verifier=str(tmp_path / "verifier"), drafter=str(tmp_path / "drafter"),
+                       max_new_tokens=20, dtype=torch.float32, threads=1, colour=False)
+    out = capsys.readouterr().out
+    assert [r["identical"] for r in results] == [True, True] and "[" in out and out.count("speed-up") == 2
+    assert torch.get_num_threads() == 2
+
+    seen = thread_counts(verifier)
+    benchmark(verifier, tokenizer, [{"category": "qa", "prompt": "t5 t9"}], drafter=drafter, max_new_tokens=8,
+              progress=False, threads=1)
+    assert seen == {1} and torch.get_num_threads() == 2
+    seen.clear()
+    evaluate_drafter(verifier, tokenizer, drafter, ["t5 t9"], max_new_tokens=8, progress=False, threads=1)
+    assert seen == {1} and torch.get_num_threads() == 2
