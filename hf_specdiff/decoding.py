@@ -120,7 +120,7 @@ class DiffusionCandidateGenerator(CandidateGenerator):
     def get_candidates(self, input_ids: torch.LongTensor, model_outputs=None, is_first_iteration: bool = False,
                        **kwargs):
         self._round_started = time.perf_counter() if self.stats.rounds else None
-        num_tokens = min(self.policy.next_length(), self.max_length - input_ids.shape[1] - 1)
+        num_tokens = min(self.policy.next_length(allow_skip=True), self.max_length - input_ids.shape[1] - 1)
         if self.requires_model_outputs:
             if model_outputs is not None and self._verified is not None:
                 features = self.drafter.select_features(model_outputs.hidden_states)[0]
@@ -140,9 +140,8 @@ class DiffusionCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         self.stats.record_round(self._last_draft_len, int(num_matches))
-        if self._last_draft_len:
-            seconds = None if self._round_started is None else time.perf_counter() - self._round_started
-            self.policy.update(self._last_draft_len, int(num_matches), seconds)
+        seconds = None if self._round_started is None else time.perf_counter() - self._round_started
+        self.policy.update(self._last_draft_len, int(num_matches), seconds)
 
 
 # ----------------------------------------------------------------------------------------------------------------

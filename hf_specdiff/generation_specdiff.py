@@ -274,25 +274,34 @@ class DraftLengthPolicy:
     """Picks the draft length g <= max_length that maximises expected tokens per round, 1 + sum_{m<=g} prod_{i<=m}
     a_i (`AcceptanceRates`), over the measured cost of a round of that length (`RoundCosts`): long drafts where the
     drafter is accepted and verifying more tokens is cheap, short ones where it is rejected or verifying is dear.
-    `fixed` pins the length."""
+    `fixed` pins the length.
+
+    A loop that can run a round without a draft (a plain step) asks `next_length(allow_skip=True)`: it may get 0,
+    except every `probe_every`-th skipped round, which drafts 1 token so that acceptance keeps being measured."""
+
+    probe_every = 8
 
     def __init__(self, max_length: int, fixed: int | None = None, prior_slope: float = 0.02):
         self.max_length = max_length
         self.fixed = fixed
         self.acceptance = AcceptanceRates(max_length)
         self.costs = RoundCosts(prior_slope)
+        self.skipped = 0
 
-    def next_length(self) -> int:
+    def next_length(self, allow_skip: bool = False) -> int:
         if self.fixed is not None:
             return self.fixed
-        lengths = torch.arange(1, self.max_length + 1)
-        expected = 1 + self.acceptance.rates().cumprod(0).cumsum(0)
-        return int(lengths[(expected / self.costs.predict(lengths)).argmax()])
+        lengths = torch.arange(0 if allow_skip else 1, self.max_length + 1)
+        expected = 1 + torch.cat([torch.zeros(1), self.acceptance.rates().cumprod(0)]).cumsum(0)[lengths]
+        best = int(lengths[(expected / self.costs.predict(lengths)).argmax()])
+        self.skipped = self.skipped + 1 if best == 0 else 0
+        return 1 if best == 0 and self.skipped % self.probe_every == 0 else best
 
     def update(self, num_drafted: int, num_accepted: int, seconds: float | None = None):
-        """Record one verified draft: how many tokens were drafted and accepted, and (if timed) the round's seconds."""
-        self.acceptance.update(num_drafted, num_accepted)
-        if seconds is not None and num_drafted:
+        """Record one round: how many tokens were drafted and accepted, and (if timed) the round's seconds."""
+        if num_drafted:
+            self.acceptance.update(num_drafted, num_accepted)
+        if seconds is not None:
             self.costs.record(num_drafted, seconds)
 
 

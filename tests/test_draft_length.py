@@ -105,3 +105,19 @@ def test_tree_rounds_too_dear_to_draft_are_plain_steps_and_exact():
     assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=20, do_sample=False,
                                              eos_token_id=None).tolist()
     assert stats.rounds == 20 and drafter.tree_round_costs.rounds.get(0, 0) >= 18  # one token per round, 0 nodes
+
+
+def test_k1_loop_skips_drafting_where_it_does_not_pay_and_probes_now_and_then():
+    import hf_specdiff
+
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8)
+    for length, seconds in ((1, 3.0), (2, 5.0)):  # as if each drafted token cost twice a plain step
+        drafter.length_policy.costs.record(length, seconds)
+    stats = hf_specdiff.SpecDiffStats()
+    out = hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=40, do_sample=False, eos_token_id=None,
+                               stats=stats)
+    assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=40, do_sample=False,
+                                             eos_token_id=None).tolist()
+    drafting_rounds = stats.drafted[0] if stats.drafted else 0
+    assert 1 <= drafting_rounds <= 40 // DraftLengthPolicy.probe_every + 1, stats.as_dict()
