@@ -47,4 +47,5 @@ $BENCH $OTHERS --per-category 2 --max-new-tokens 128 --out "$RUN/results_ablatio
 CARD=model_cards/specdiff-smollm2-135m-instruct
 hf-specdiff card $CARD --bench $CARD/bench/results.json --bench $CARD/bench-alignment/results.json \
     --bench $CARD/bench-baselines/results.json --bench $CARD/bench-ablations/results.json \
+    --bench $CARD/bench-avx2/results.json \
     --reproduce "bash examples/smollm2_recipe.sh   # data, the five drafters, the four benches and this card"
