@@ -48,6 +48,17 @@ def cmd_distill_data(args):
     print(f"data in {args.out}")
 
 
+def cmd_synth_prompts(args):
+    from .magpie import synthesize_prompts
+    from .verifiers import load_verifier
+
+    verifier, tokenizer = load_verifier(args.verifier, dtype=_dtype(args.dtype), device=args.device)
+    synthesize_prompts(verifier, tokenizer, args.num_prompts, args.out, batch_size=args.batch_size,
+                       temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
+                       seed=args.seed)
+    print(f"prompts in {args.out}")
+
+
 def cmd_train(args):
     from .training import train
 
@@ -206,6 +217,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_distill_data)
+
+    p = sub.add_parser("synth-prompts", help="user requests written by the verifier itself (Magpie; resumable)")
+    p.add_argument("--verifier", required=True, help="verifier folder or known name")
+    p.add_argument("--num-prompts", type=int, required=True, help="stop when the file holds this many")
+    p.add_argument("--out", required=True, help="jsonl file (appended to; <out>.meta.json records the run)")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--top-p", type=float, default=0.95)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
+    p.add_argument("--device", default=None)
+    p.set_defaults(func=cmd_synth_prompts)
 
     p = sub.add_parser("train", help="train a drafter (also: accelerate launch -m hf_specdiff.train)")
     _add_train_arguments(p)

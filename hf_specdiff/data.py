@@ -1,7 +1,8 @@
 """Distillation data: verifier-sampled trajectories on training prompts, stored as token ids.
 
 `make_distill_data` samples `samples_per_prompt` responses per prompt from the verifier (its chat template applied)
-and appends them to jsonl shards in `out/`, one batch at a time (written, flushed and fsynced together). A run
+and appends them to jsonl shards in `out/`, one batch at a time (written, flushed and fsynced together), with the
+generation throughput in `out/stats.json`. A run
 that is killed and started again with the same arguments skips what is on disk and produces the same rows as an
 uninterrupted run: batches are fixed by the prompt order and each is sampled with its own seed.
 """
@@ -9,13 +10,16 @@ uninterrupted run: batches are fixed by the prompt order and each is sampled wit
 import hashlib
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
 
-FORMAT_VERSION = 1
+from .batch_generation import generate_batch
+
+FORMAT_VERSION = 2  # 2: responses from `generate_batch` (1: transformers' generate)
 SHARD_ROWS = 10000
 
 
@@ -160,6 +164,7 @@ def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDa
     eos_ids = verifier.generation_config.eos_token_id
     eos_ids = set(eos_ids if isinstance(eos_ids, list) else [eos_ids] if eos_ids is not None else [])
     device = verifier.device
+    throughput = Throughput(out)
     written = len(done)
     shard = out / f"data-{written // SHARD_ROWS:05d}.jsonl"
 
@@ -167,24 +172,15 @@ def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDa
     for batch_index, batch in enumerate(batches):
         if all(item in done for item in batch):
             continue
-        longest = max(len(encoded[i]) for i, _ in batch)
-        ids = torch.tensor([[pad_id] * (longest - len(encoded[i])) + encoded[i] for i, _ in batch], device=device)
-        mask = torch.tensor([[0] * (longest - len(encoded[i])) + [1] * len(encoded[i]) for i, _ in batch],
-                            device=device)
-        torch.manual_seed(config.seed * 1_000_003 + batch_index)
-        decoding = ({"do_sample": False} if config.temperature == 0 else
-                    {"do_sample": True, "temperature": config.temperature, "top_p": config.top_p, "top_k": None})
-        generated = verifier.generate(input_ids=ids, attention_mask=mask, max_new_tokens=config.max_new_tokens,
-                                      pad_token_id=pad_id, **decoding)
+        generator = torch.Generator(device).manual_seed(config.seed * 1_000_003 + batch_index)
+        start = time.perf_counter()
+        responses = generate_batch(verifier, [encoded[i] for i, _ in batch], config.max_new_tokens, eos_ids, pad_id,
+                                   config.temperature, config.top_p, generator)
+        throughput.add(sum(map(len, responses)), time.perf_counter() - start)
         lines = []
-        for (prompt_index, sample_index), row in zip(batch, generated[:, longest:].tolist()):
+        for (prompt_index, sample_index), response in zip(batch, responses):
             if (prompt_index, sample_index) in done:  # kept from a batch a crash cut short
                 continue
-            response = []
-            for token in row:
-                response.append(token)
-                if token in eos_ids:
-                    break
             lines.append(json.dumps({"prompt_index": prompt_index, "sample_index": sample_index,
                                      "prompt_ids": encoded[prompt_index], "response_ids": response}))
         with shard.open("a") as f:
@@ -193,6 +189,30 @@ def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDa
             os.fsync(f.fileno())
         written += len(lines)
         shard = out / f"data-{written // SHARD_ROWS:05d}.jsonl"
+        throughput.save()
         bar.update(len(lines))
+        bar.set_postfix(tok_s=f"{throughput.tok_s:.0f}")
     bar.close()
     return out
+
+
+class Throughput:
+    """Generated tokens and generation seconds of a data folder, summed over every run that wrote to it
+    (`stats.json`, rewritten after each batch)."""
+
+    def __init__(self, out: Path):
+        self.path = out / "stats.json"
+        stats = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.tokens, self.seconds = stats.get("response_tokens", 0), stats.get("generation_seconds", 0.0)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def add(self, tokens: int, seconds: float):
+        self.tokens += tokens
+        self.seconds += seconds
+
+    def save(self):
+        self.path.write_text(json.dumps({"response_tokens": self.tokens, "generation_seconds": round(self.seconds, 1),
+                                         "tok_s": round(self.tok_s, 1)}, indent=2))

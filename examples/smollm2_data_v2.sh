@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Drafter v2 data (issue 16): training data in the verifier's own distribution, at scale. Prompts: user requests the
+# verifier writes itself (Magpie) plus the builder's kinds (maths, code, extraction, translation, ...); responses:
+# the verifier's greedy ones (what greedy decoding meets) and sampled ones. Never Spec-Bench.
+# Every step is resumable: rerun the script (or one step) after an interruption. A larger SAMPLES extends the data
+# sets; other MAGPIE/BUILDER sizes make another prompts.jsonl, so give them another RUN folder. Throughput and
+# counts: $RUN/magpie.meta.json and $RUN/data_*/stats.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=${RUN:-runs/smollm2_v2}
+MAGPIE=${MAGPIE:-30000}     # self-synthesised requests to keep
+BUILDER=${BUILDER:-6000}    # builder prompts (the kinds the v1 set had)
+SAMPLES=${SAMPLES:-36000}   # responses per data set, shortest prompts first
+V=smollm2-135m-instruct
+mkdir -p "$RUN"
+
+hf-specdiff synth-prompts --verifier $V --num-prompts "$MAGPIE" --out "$RUN/magpie.jsonl" --batch-size 128
+python examples/make_training_prompts.py --out "$RUN/builder.jsonl" --num "$BUILDER" --seed 1
+# one fixed interleaving of the two sets (the same file on every rerun with the same sizes)
+python - "$RUN" <<'PY'
+import json, random, sys
+from pathlib import Path
+run = Path(sys.argv[1])
+rows = [line for name in ("magpie.jsonl", "builder.jsonl") for line in (run / name).read_text().splitlines() if line]
+random.Random(0).shuffle(rows)
+(run / "prompts.jsonl").write_text("\n".join(rows) + "\n")
+PY
+DISTILL="hf-specdiff distill-data --verifier $V --prompts $RUN/prompts.jsonl --samples-per-prompt 1 --max-new-tokens 256
+    --batch-size 128 --max-samples $SAMPLES"
+$DISTILL --temperature 0 --out "$RUN/data_greedy"
+$DISTILL --temperature 0.7 --out "$RUN/data_sampled"
