@@ -163,6 +163,7 @@ def small():
     return verifier, drafter, prompt, exact_first_two(verifier, prompt)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ["generate-K1", "generate-K4", "attach", "generate-K1-lookup", "generate-K4-lookup"])
 def test_sampling_matches_target(small, route):
     verifier, drafter, prompt, exact = small

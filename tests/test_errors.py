@@ -106,3 +106,15 @@ def test_broken_drafter_folders_say_what_is_wrong(tmp_path):
     weights.unlink()
     with pytest.raises(FileNotFoundError, match="has a config.json but no weights"):
         SpecDiffDrafter.from_pretrained(tmp_path)
+
+
+def test_commands_fail_on_bad_files_before_loading_models(tmp_path, capsys):
+    from hf_specdiff.cli import main
+
+    # a verifier path that does not exist: had the command loaded it first, it would fail on that instead
+    assert main(["bench", "--prompts", str(tmp_path / "missing.jsonl"), "--verifier", str(tmp_path / "nothing")]) == 2
+    assert "no prompts file at" in capsys.readouterr().err
+    tiny_drafter(tiny_verifier("llama")).save_pretrained(tmp_path / "drafter")
+    (tmp_path / "drafter" / "model.safetensors").unlink()
+    assert main(["demo", "--drafter", str(tmp_path / "drafter"), "--verifier", str(tmp_path / "nothing")]) == 2
+    assert "has a config.json but no weights" in capsys.readouterr().err

@@ -9,6 +9,7 @@ from stats import chi_square_pvalue, exact_first_two
 
 VOCAB = 8
 SAMPLES = 1200
+pytestmark = pytest.mark.slow  # statistical: about 1,200 generations a test
 
 
 def sample_pairs(verifier, drafter, prompt):

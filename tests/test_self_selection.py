@@ -255,6 +255,7 @@ def sample_pairs(verifier, drafter, prompt, num_drafts, stats=None, lookup_token
     return torch.stack(pairs)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_drafts", [1, 4])
 def test_sampling_matches_target(small, num_drafts):
     verifier, drafter, prompt, exact = small
@@ -278,6 +279,7 @@ def lookup_prompt(small):
     return candidates[best], exact_first_two(verifier, candidates[best], temperature=2.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("num_drafts", [1, 4])
 def test_sampling_with_lookup_branch_matches_target(small, lookup_prompt, num_drafts):
     verifier, drafter, _, _ = small
@@ -286,6 +288,7 @@ def test_sampling_with_lookup_branch_matches_target(small, lookup_prompt, num_dr
     assert chi_square_pvalue(pairs, exact) > 1e-3
 
 
+@pytest.mark.slow
 def test_chi_square_catches_an_unweighted_lookup_branch(small, lookup_prompt, monkeypatch):
     verifier, drafter, _, _ = small
     prompt, exact = lookup_prompt
@@ -295,6 +298,7 @@ def test_chi_square_catches_an_unweighted_lookup_branch(small, lookup_prompt, mo
     assert chi_square_pvalue(pairs, exact) < 1e-3
 
 
+@pytest.mark.slow
 def test_chi_square_catches_a_wrong_acceptance_rule(small, monkeypatch):
     verifier, drafter, prompt, exact = small
     monkeypatch.setattr(decoding, "residual", lambda p, q: p)  # wrong: keep the target after a rejection

@@ -176,6 +176,7 @@ def test_conditioned_drafter_beats_standalone_on_held_out_prompts(workspace):
     assert taus["conditioned"] > taus["standalone"] > 1.2, taus
 
 
+@pytest.mark.slow
 def test_killed_training_resumes_to_the_same_weights(workspace, monkeypatch):
     root, _, _ = workspace
     loads = []  # the trainer state must load without unpickling arbitrary objects
