@@ -11,10 +11,11 @@ RUN=${RUN:-runs/smollm2_v2}
 MAGPIE=${MAGPIE:-30000}     # self-synthesised requests to keep
 BUILDER=${BUILDER:-6000}    # builder prompts (the kinds the v1 set had)
 SAMPLES=${SAMPLES:-36000}   # responses per data set, shortest prompts first
+DTYPE=${DTYPE:-bf16}        # fp32 on CPUs without AVX512-BF16/AMX, where batched bf16 is many times slower
 V=smollm2-135m-instruct
 mkdir -p "$RUN"
 
-hf-specdiff synth-prompts --verifier $V --num-prompts "$MAGPIE" --out "$RUN/magpie.jsonl" --batch-size 128
+hf-specdiff synth-prompts --verifier $V --num-prompts "$MAGPIE" --out "$RUN/magpie.jsonl" --batch-size 128 --dtype $DTYPE
 python examples/make_training_prompts.py --out "$RUN/builder.jsonl" --num "$BUILDER" --seed 1
 # one fixed interleaving of the two sets (the same file on every rerun with the same sizes)
 python - "$RUN" <<'PY'
@@ -26,6 +27,6 @@ random.Random(0).shuffle(rows)
 (run / "prompts.jsonl").write_text("\n".join(rows) + "\n")
 PY
 DISTILL="hf-specdiff distill-data --verifier $V --prompts $RUN/prompts.jsonl --samples-per-prompt 1 --max-new-tokens 256
-    --batch-size 128 --max-samples $SAMPLES"
+    --batch-size 128 --max-samples $SAMPLES --dtype $DTYPE"
 $DISTILL --temperature 0 --out "$RUN/data_greedy"
 $DISTILL --temperature 0.7 --out "$RUN/data_sampled"
