@@ -23,6 +23,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from .decoding import SpecDiffStats, generate
+from .evaluate import plot_acceptance
 from .threads import torch_threads
 
 
@@ -282,16 +283,6 @@ def save(summary: dict, out) -> Path:
     fig.tight_layout()
     fig.savefig(out / "speedup_by_category.png", dpi=120)
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    for method in methods:
-        rates = results["overall"][method]["acceptance_by_position"]
-        if rates:
-            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=method)
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("acceptance")
-    ax.set_ylim(0, 1)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "acceptance_by_position.png", dpi=120)
-    plt.close(fig)
+    plot_acceptance({m: results["overall"][m] for m in methods if results["overall"][m]["acceptance_by_position"]},
+                    out / "acceptance_by_position.png")
     return out

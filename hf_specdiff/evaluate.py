@@ -61,7 +61,7 @@ def plot_acceptance(reports: dict[str, dict], path) -> Path | None:
     ax.set_ylabel("acceptance rate")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
