@@ -426,8 +426,8 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         if not generation_config.is_assistant or \
                 self.generation_config.num_assistant_tokens_schedule != ADAPTIVE_SCHEDULE:
             return None
-        if cache.assistant_rounds is None:  # a new generation: earlier prompts' acceptance counts for less
-            self.length_policy.acceptance.decay(0.5)
+        if cache.assistant_rounds is None:  # a new generation
+            self.length_policy.new_generation()
             cache.assistant_rounds = AssistantRounds(self.length_policy)
         return cache.assistant_rounds
 

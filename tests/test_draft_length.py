@@ -78,7 +78,9 @@ def test_tree_budget_weighs_acceptance_against_measured_cost():
 
     from hf_specdiff.decoding import tree_budget
 
-    rows, scores = [[1, 2, 3], [1, 4]], [[log(0.9), log(0.5), log(0.2)], [log(0.9), log(0.3)]]  # 4 unique prefixes
+    from hf_specdiff.decoding import prune_drafts
+
+    probs = [0.9, 0.5, 0.3, 0.2]  # the candidate nodes' acceptance probabilities, best first
 
     def costs(*points):
         fitted = RoundCosts()
@@ -86,10 +88,12 @@ def test_tree_budget_weighs_acceptance_against_measured_cost():
             fitted.record(nodes, seconds)
         return fitted
 
-    assert tree_budget(rows, scores, costs((1, 1.0), (15, 1.05)), 15) == 4  # nodes nearly free: take them all
-    assert tree_budget(rows, scores, costs((1, 1.0), (15, 1.05)), 3) == 3  # never more than the cap
-    assert tree_budget(rows, scores, costs((1, 1.2), (4, 1.9)), 15) == 2  # each node costs a fifth of a step
-    assert tree_budget(rows, scores, costs((1, 3.0), (2, 5.0)), 15) == 0  # dearer than they are worth: plain steps
+    assert tree_budget(probs, costs((1, 1.0), (15, 1.05)), 15) == 4  # nodes nearly free: take them all
+    assert tree_budget(probs, costs((1, 1.0), (15, 1.05)), 3) == 3  # never more than the cap
+    assert tree_budget(probs, costs((1, 1.2), (4, 1.9)), 15) == 2  # each node costs a fifth of a step
+    assert tree_budget(probs, costs((1, 3.0), (2, 5.0)), 15) == 0  # dearer than they are worth: plain steps
+    rows, scores = [[1, 2, 3], [1, 4]], [[log(0.9), log(0.5), log(0.2)], [log(0.9), log(0.3)]]  # the same 4 nodes
+    assert prune_drafts(rows, scores, 15, costs=costs((1, 1.2), (4, 1.9))) == [[1, 2], [1]]
 
 
 def test_tree_rounds_too_dear_to_draft_are_plain_steps_and_exact():

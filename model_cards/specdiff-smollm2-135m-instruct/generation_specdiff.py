@@ -297,6 +297,10 @@ class DraftLengthPolicy:
         self.skipped = self.skipped + 1 if best == 0 else 0
         return 1 if best == 0 and self.skipped % self.probe_every == 0 else best
 
+    def new_generation(self):
+        """A new prompt starts: earlier prompts' acceptance counts for half (costs, a property of the machine, stay)."""
+        self.acceptance.decay(0.5)
+
     def update(self, num_drafted: int, num_accepted: int, seconds: float | None = None):
         """Record one round: how many tokens were drafted and accepted, and (if timed) the round's seconds."""
         if num_drafted:

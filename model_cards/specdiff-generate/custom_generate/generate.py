@@ -110,7 +110,7 @@ class DiffusionCandidateGenerator(CandidateGenerator):
         self.max_length = generation_config.max_length
         if draft_length is None:  # measured acceptance and round costs, kept on the drafter across generations
             self.policy = drafter.length_policy
-            self.policy.acceptance.decay(0.5)
+            self.policy.new_generation()
         else:
             self.policy = drafter.new_length_policy(fixed=draft_length)
         self.stats = stats if stats is not None else SpecDiffStats()
@@ -214,21 +214,26 @@ def top_k_drafts(log_q: torch.Tensor, k: int) -> torch.Tensor:
     return torch.tensor([beam for beam, _ in beams], dtype=torch.long).reshape(len(beams), log_q.shape[0])
 
 
-def _ranked_prefixes(rows: list[list[int]], path_scores: list[list[float]]) -> dict[tuple, tuple[float, int]]:
-    """Every prefix of `rows` with (-its best log-probability of acceptance, depth), best first."""
+def _ranked_prefixes(rows: list[list[int]], path_scores: list[list[float]]) -> list[tuple[tuple, float]]:
+    """Every prefix of `rows` with its best log-probability of acceptance, best first (ties: shallower first)."""
     best: dict[tuple, tuple[float, int]] = {}
     for row, row_scores in zip(rows, path_scores):
         for depth, score in enumerate(row_scores, start=1):
             key = tuple(row[:depth])
             best[key] = min(best.get(key, (float("inf"), depth)), (-score, depth))
-    return dict(sorted(best.items(), key=lambda item: item[1]))
+    return [(key, -neg_score) for key, (neg_score, _) in sorted(best.items(), key=lambda item: item[1])]
 
 
-def prune_drafts(rows: list[list[int]], path_scores: list[list[float]], max_nodes: int) -> list[list[int]]:
+def prune_drafts(rows: list[list[int]], path_scores: list[list[float]], max_nodes: int,
+                 costs=None) -> list[list[int]]:
     """Cut `rows` so that their tree keeps only the `max_nodes` prefixes of highest score. `path_scores[r][d]` is
     the log-probability that prefix `rows[r][:d + 1]` is accepted, so it never grows along a row and the kept set is
-    a tree. For greedy verification, where a node costs verifier compute but only the argmax path counts."""
-    kept = set(list(_ranked_prefixes(rows, path_scores))[:max_nodes])
+    a tree. For greedy verification, where a node costs verifier compute but only the argmax path counts. With
+    `costs` (`RoundCosts`), `max_nodes` is a cap and `tree_budget` picks how many to keep."""
+    ranked = _ranked_prefixes(rows, path_scores)
+    if costs is not None:
+        max_nodes = tree_budget([math.exp(log_p) for _, log_p in ranked], costs, max_nodes)
+    kept = {key for key, _ in ranked[:max_nodes]}
     out = []
     for row in rows:
         depth = 0
@@ -238,14 +243,14 @@ def prune_drafts(rows: list[list[int]], path_scores: list[list[float]], max_node
     return out
 
 
-def tree_budget(rows: list[list[int]], path_scores: list[list[float]], costs, max_nodes: int) -> int:
-    """How many nodes a greedy round should verify: the n <= max_nodes that maximises expected tokens, 1 + the
-    acceptance probabilities of the n best prefixes summed, over `costs.predict(n)`, the measured cost of a round
-    that verifies n nodes (`RoundCosts`). 0 makes the round a plain decoding step."""
-    ranked = list(_ranked_prefixes(rows, path_scores).values())[:max_nodes]
-    probs = torch.tensor([0.0] + [math.exp(-neg_log_p) for neg_log_p, _ in ranked], dtype=torch.float64)
-    sizes = torch.arange(len(probs))
-    return int(sizes[((1 + probs.cumsum(0)) / costs.predict(sizes.float()).double()).argmax()])
+def tree_budget(probs: list[float], costs, max_nodes: int) -> int:
+    """How many nodes a greedy round should verify, given the acceptance probabilities of the candidate nodes best
+    first: the n <= max_nodes that maximises expected tokens, 1 + the n best probabilities summed, over
+    `costs.predict(n)`, the measured cost of a round that verifies n nodes (`RoundCosts`). 0 makes the round a plain
+    decoding step."""
+    gains = torch.tensor([0.0] + list(probs[:max_nodes]), dtype=torch.float64)
+    sizes = torch.arange(len(gains))
+    return int(sizes[((1 + gains.cumsum(0)) / costs.predict(sizes.float()).double()).argmax()])
 
 
 def sample_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -454,8 +459,8 @@ def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, genera
                 drafts = top_k_drafts(log_q, num_drafts)
                 rows += drafts.tolist()
                 scores += log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()
-            budget = max_tree_nodes or tree_budget(rows, scores, drafter.tree_round_costs, DEFAULT_MAX_TREE_NODES)
-            rows = prune_drafts(rows, scores, budget)
+            rows = prune_drafts(rows, scores, max_tree_nodes or DEFAULT_MAX_TREE_NODES,
+                                costs=None if max_tree_nodes else drafter.tree_round_costs)
             lookup, drafts = rows[0], rows[1:]
         tree = DraftTree.from_drafts(drafts, fixed=lookup)
         tree_tokens = tree.tokens.to(input_ids.device)
