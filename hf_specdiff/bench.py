@@ -86,6 +86,9 @@ def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_
             methods[f"SpecDiff-2 (K={k})"] = dict(specdiff=drafter, num_drafts=k)
     if conditioned_drafter is not None:
         methods["SpecDiff-2 conditioned drop-in"] = dict(assistant_model=conditioned_drafter, attach=True)
+        if getattr(conditioned_drafter.config, "layout", None) == "dflash":  # transformers' own DFlash loop
+            methods["SpecDiff-2 dflash, transformers' loop"] = dict(assistant_model=conditioned_drafter,
+                                                                     speculation_type="dflash")
         for k in num_drafts:
             methods[f"SpecDiff-2 conditioned (K={k})"] = dict(specdiff=conditioned_drafter, num_drafts=k)
     if with_lookup:

@@ -28,6 +28,23 @@ def default_verifier_layers(num_layers: int, count: int = 3) -> list[int]:
     return sorted({round(first + i * (last - first) / max(count - 1, 1)) for i in range(count)})
 
 
+def verifier_rope_theta(text_config) -> float:
+    """The RoPE base of a verifier's text config (transformers 5 keeps it in `rope_parameters`)."""
+    rope = getattr(text_config, "rope_parameters", None) or {}
+    rope = rope.get("full_attention", rope)  # per layer type (Gemma-3)
+    return float(rope.get("rope_theta", getattr(text_config, "rope_theta", 10000.0)))
+
+
+def dflash_sizes(verifier) -> dict:
+    """The body sizes of a dflash-layout drafter for `verifier`: its width, heads, MLP, norm epsilon and RoPE base."""
+    text = _verifier_text_config(verifier)
+    heads = text.num_attention_heads
+    return dict(hidden_size=text.hidden_size, intermediate_size=text.intermediate_size, num_attention_heads=heads,
+                num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+                head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+                rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6), rope_theta=verifier_rope_theta(text))
+
+
 def drafter_config_for(verifier, conditioned: bool = False, **kwargs) -> SpecDiffConfig:
     """A `SpecDiffConfig` whose vocabulary and special tokens match `verifier` (a model or its config).
 
@@ -42,6 +59,7 @@ def drafter_config_for(verifier, conditioned: bool = False, **kwargs) -> SpecDif
     if conditioned:
         matched["verifier_layer_ids"] = default_verifier_layers(text_config.num_hidden_layers)
         matched["verifier_hidden_size"] = text_config.hidden_size
+        matched["verifier_num_layers"] = text_config.num_hidden_layers
     return SpecDiffConfig(**{**matched, **kwargs})
 
 

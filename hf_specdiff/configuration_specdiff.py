@@ -6,6 +6,7 @@ This file ships to the Hub as remote code: it imports only transformers.
 from transformers import PreTrainedConfig
 
 UNMASKING_SCHEDULES = ("left_to_right", "confidence")
+LAYOUTS = ("specdiff", "dflash")
 
 
 class SpecDiffConfig(PreTrainedConfig):
@@ -44,6 +45,21 @@ class SpecDiffConfig(PreTrainedConfig):
             keys and values of those context vectors (cached across rounds) and to itself. The block is the last
             committed token (not yet read by the verifier) followed by the mask tokens. `None`: a standalone drafter.
         verifier_hidden_size (`int`, *optional*): The verifier's hidden size (required with `verifier_layer_ids`).
+        verifier_num_layers (`int`, *optional*): The verifier's number of decoder layers (recorded for exports).
+        layout (`str`): `"specdiff"` (the drafter owns its embeddings, with a mask row, and its head) or `"dflash"`,
+            the layout of DFlash drafters (z-lab; transformers' `speculation_type="dflash"`, vLLM, SGLang): a
+            conditioned drafter at the verifier's width with QK-norm that owns **no** embeddings or head. Its block
+            is embedded with the verifier's embedding table (the mask is `mask_token_id`, a verifier token) and its
+            logits come from the verifier's head, so it drafts only once given the verifier (`attach`,
+            `hf_specdiff.generate`, or transformers' own DFlash loop, which calls `forward(noise_embeds=...)`).
+        target_layer_ids (`list[int]`, *optional*): transformers' name for `verifier_layer_ids` (either may be given).
+        mask_token_id (`int`, *optional*): `"dflash"` layout: the verifier token whose embedding marks a masked
+            position (an id of the verifier's embedding table that text does not use, such as a reserved token).
+        qk_norm (`bool`, *optional*): RMSNorm of queries and keys per head before RoPE (Qwen3-style). Defaults to
+            True for the `"dflash"` layout (the engines require it) and False otherwise.
+
+    `block_size` is the longest draft, except in the dflash layout, which counts the anchor token in its block (as
+    transformers' DFlash loop and the engines do): it drafts at most `block_size - 1` tokens (`max_draft_tokens`).
     """
 
     model_type = "specdiff"
@@ -72,8 +88,19 @@ class SpecDiffConfig(PreTrainedConfig):
         verifier_name_or_path: str | None = None,
         verifier_layer_ids: list[int] | None = None,
         verifier_hidden_size: int | None = None,
+        verifier_num_layers: int | None = None,
+        layout: str = "specdiff",
+        target_layer_ids: list[int] | None = None,
+        mask_token_id: int | None = None,
+        qk_norm: bool | None = None,
         **kwargs,
     ):
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+        if target_layer_ids is not None and verifier_layer_ids is not None and \
+                list(target_layer_ids) != list(verifier_layer_ids):
+            raise ValueError("target_layer_ids and verifier_layer_ids name the same layers: give one, or equal lists")
+        verifier_layer_ids = verifier_layer_ids if verifier_layer_ids is not None else target_layer_ids
         if unmasking_schedule not in UNMASKING_SCHEDULES:
             raise ValueError(f"unmasking_schedule must be one of {UNMASKING_SCHEDULES}, got {unmasking_schedule!r}")
         if block_size < 1 or num_denoising_steps < 1:
@@ -117,12 +144,31 @@ class SpecDiffConfig(PreTrainedConfig):
                                  "the verifier_hidden_size")
         self.verifier_layer_ids = verifier_layer_ids
         self.verifier_hidden_size = verifier_hidden_size
+        self.verifier_num_layers = verifier_num_layers
+        self.layout = layout
+        self.qk_norm = layout == "dflash" if qk_norm is None else bool(qk_norm)
+        if layout == "dflash":
+            _check_dflash_layout(self, mask_token_id)
+            self.mask_token_index = mask_token_id
+        self.mask_token_id = mask_token_id
+        self.target_layer_ids = verifier_layer_ids  # what transformers' DFlash loop reads
         super().__init__(**kwargs)
 
     @property
     def is_conditioned(self) -> bool:
         """Whether the drafter reads the verifier's hidden states (`verifier_layer_ids` is set)."""
         return self.verifier_layer_ids is not None
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """The longest draft: `block_size`, less the anchor token the dflash layout counts in its block (as
+        transformers' DFlash loop does)."""
+        return self.block_size - 1 if self.layout == "dflash" else self.block_size
+
+    @property
+    def uses_verifier_weights(self) -> bool:
+        """Whether the drafter embeds and predicts with the verifier's embedding table and head (`"dflash"`)."""
+        return self.layout == "dflash"
 
     @classmethod
     def from_dict(cls, config_dict, **kwargs):
@@ -135,4 +181,18 @@ class SpecDiffConfig(PreTrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
 
-__all__ = ["SpecDiffConfig", "UNMASKING_SCHEDULES"]
+def _check_dflash_layout(config: SpecDiffConfig, mask_token_id: int | None):
+    if config.verifier_layer_ids is None:
+        raise ValueError("the dflash layout reads the verifier's hidden states: give target_layer_ids (or "
+                         "verifier_layer_ids) and verifier_hidden_size")
+    if config.hidden_size != config.verifier_hidden_size:
+        raise ValueError(f"the dflash layout runs at the verifier's width: hidden_size ({config.hidden_size}) must "
+                         f"equal verifier_hidden_size ({config.verifier_hidden_size})")
+    if config.block_size < 2:
+        raise ValueError("the dflash layout's block_size counts the anchor token: it must be >= 2")
+    if mask_token_id is None or not 0 <= mask_token_id < config.vocab_size:
+        raise ValueError(f"the dflash layout needs a mask_token_id in the verifier's vocabulary [0, "
+                         f"{config.vocab_size}), got {mask_token_id}")
+
+
+__all__ = ["SpecDiffConfig", "UNMASKING_SCHEDULES", "LAYOUTS"]

@@ -598,9 +598,10 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         raise ValueError(f"lookup_tokens must be >= 0, got {lookup_tokens}")
     if max_tree_nodes is not None and max_tree_nodes < 1:
         raise ValueError(f"max_tree_nodes must be >= 1, got {max_tree_nodes}")
-    if draft_length is not None and not 1 <= draft_length <= drafter.config.block_size:
-        raise ValueError(f"draft_length must be between 1 and the drafter's block_size "
-                         f"({drafter.config.block_size}), got {draft_length}")
+    longest = getattr(drafter.config, "max_draft_tokens", drafter.config.block_size)
+    if draft_length is not None and not 1 <= draft_length <= longest:
+        raise ValueError(f"draft_length must be between 1 and the drafter's longest draft ({longest}), "
+                         f"got {draft_length}")
     _check_pair(model, drafter)
     stats = specdiff_stats if specdiff_stats is not None else SpecDiffStats()
     drafter.last_stats = stats
@@ -623,6 +624,8 @@ def _check_pair(model, drafter):
         )
     if _is_conditioned(drafter):
         drafter.check_verifier_layers(model)
+    if hasattr(drafter, "set_verifier"):  # a dflash-layout drafter drafts with the verifier's embeddings and head
+        drafter.set_verifier(model)
 
 
 def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,

@@ -84,9 +84,11 @@ def run_demo(prompts: str | list[str], verifier: str = DEFAULT_VERIFIER, drafter
                          max_new_tokens, colour) for prompt in prompts]
 
 
-def _compare(model, tokenizer, draft_model, prompt: str, options: dict, max_new_tokens: int, colour: bool) -> dict:
-    inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                           return_tensors="pt", return_dict=True)
+def _compare(model, tokenizer, draft_model, prompt: str | list, options: dict, max_new_tokens: int,
+             colour: bool) -> dict:
+    messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]  # a chat, or one request
+    inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = messages[-1]["content"]
     prompt_len = inputs["input_ids"].shape[1]
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False)
     # One short untimed run of each first, so neither timed run pays one-time start-up costs.

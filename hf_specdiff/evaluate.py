@@ -1,5 +1,6 @@
 """Drafter quality against its verifier on held-out prompts: tau and acceptance by draft position."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -20,19 +21,25 @@ def evaluate_drafter(verifier, tokenizer, drafter, prompts: list, num_drafts: in
     `threads` sets torch's thread count for the call; the caller's count is restored on return."""
     with torch_threads(threads):
         check_compatibility(verifier, drafter)
-        configured_steps = drafter.config.num_denoising_steps
-        steps = num_denoising_steps or configured_steps
+        steps = num_denoising_steps or drafter.config.num_denoising_steps
+        drafter = _with_steps(drafter, steps)
         stats = SpecDiffStats()
-        drafter.config.num_denoising_steps = steps  # for this evaluation only
-        try:
-            for prompt in tqdm(prompts, desc="eval-drafter", disable=not progress):
-                ids = torch.tensor([encode_prompt(tokenizer, prompt, True, 2048)], device=verifier.device)
-                generate(verifier, drafter, ids, max_new_tokens=max_new_tokens, do_sample=do_sample,
-                         num_drafts=num_drafts, draft_length=draft_length, stats=stats)
-        finally:
-            drafter.config.num_denoising_steps = configured_steps
+        for prompt in tqdm(prompts, desc="eval-drafter", disable=not progress):
+            ids = torch.tensor([encode_prompt(tokenizer, prompt, True, 2048)], device=verifier.device)
+            generate(verifier, drafter, ids, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                     num_drafts=num_drafts, draft_length=draft_length, stats=stats)
     return {"prompts": len(prompts), "num_drafts": num_drafts, "draft_length": draft_length,
             "num_denoising_steps": steps, **stats.as_dict()}
+
+
+def _with_steps(drafter, steps: int):
+    """`drafter`, or a view of it (the same weights) that denoises in `steps` steps: the caller's stays as it is."""
+    if steps == drafter.config.num_denoising_steps:
+        return drafter
+    view = copy.copy(drafter)
+    view.config = copy.deepcopy(drafter.config)
+    view.config.num_denoising_steps = steps
+    return view
 
 
 def format_report(report: dict) -> str:

@@ -380,16 +380,18 @@ def draft_block(
     num_steps: int,
     schedule: str = "left_to_right",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Denoise a block of `num_tokens` mask tokens after `input_ids` ([1, seq]).
+    """Denoise the first `num_tokens` positions of a block of mask tokens after `input_ids` ([1, seq]).
 
-    Returns the draft [1, num_tokens] and, for each draft token, the processed logits it was drawn from
-    [num_tokens, vocab] (float32).
+    The block is as long as the drafter was trained on (`max_draft_tokens`) however few tokens are drafted: attention is
+    bidirectional inside it, so a shorter block would change what every position sees. Returns the draft
+    [1, num_tokens] and, for each draft token, the processed logits it was drawn from [num_tokens, vocab] (float32).
     """
     config = model.config
     device = input_ids.device
+    block_len = max(num_tokens, config.max_draft_tokens)
     step_forward = (_conditioned_forward if config.is_conditioned else _standalone_forward)(
-        model, input_ids, cache, num_tokens)
-    block = torch.full((1, num_tokens), config.mask_token_index, dtype=torch.long, device=device)
+        model, input_ids, cache, num_tokens, block_len)
+    block = torch.full((1, block_len), config.mask_token_index, dtype=torch.long, device=device)
     decided = torch.zeros(num_tokens, dtype=torch.bool, device=device)
     scores = torch.empty(num_tokens, config.vocab_size, dtype=torch.float32, device=device)
     if do_sample and schedule == "confidence":
@@ -409,16 +411,17 @@ def draft_block(
         block[0, positions_now] = select_tokens(step_scores, do_sample)
         scores[positions_now] = step_scores
         decided[positions_now] = True
-    return block, scores
+    return block[:, :num_tokens], scores
 
 
-def _standalone_forward(model, input_ids, cache, num_tokens):
-    """One denoising forward of a standalone drafter: the first step also encodes the uncached prefix tokens."""
+def _standalone_forward(model, input_ids, cache, num_tokens, block_len):
+    """One denoising forward of a standalone drafter over a block of `block_len` tokens, returning the logits of its
+    first `num_tokens`: the first step also encodes the uncached prefix tokens."""
     config = model.config
     device = input_ids.device
-    new_ids = cache.sync(input_ids[0], config.max_position_embeddings - config.block_size, config.block_size)
+    new_ids = cache.sync(input_ids[0], config.max_position_embeddings - block_len, block_len)
     start = cache.get_seq_length() - cache.offset  # position of the first block token, relative to the window
-    block_positions = torch.arange(start, start + num_tokens, device=device)
+    block_positions = torch.arange(start, start + block_len, device=device)
 
     def forward(block, first):
         num_new = new_ids.shape[0] if first else 0
@@ -427,37 +430,38 @@ def _standalone_forward(model, input_ids, cache, num_tokens):
         return model(
             input_ids=query,
             position_ids=positions[None],
-            attention_mask=block_attention_mask(num_new, start - num_new, num_tokens, device),
+            attention_mask=block_attention_mask(num_new, start - num_new, block_len, device),
             past_key_values=cache,
             num_prefix_tokens=num_new,
-            logits_to_keep=num_tokens,
+            logits_to_keep=slice(num_new, num_new + num_tokens),
         ).logits[0].float()
 
     return forward
 
 
-def _conditioned_forward(model, input_ids, cache, num_tokens):
-    """One denoising forward of a conditioned drafter.
+def _conditioned_forward(model, input_ids, cache, num_tokens, block_len):
+    """One denoising forward of a conditioned drafter over a block of `block_len` tokens, returning the logits of its
+    first `num_tokens`.
 
     The context is the verifier's features at the committed tokens it has read, except the last token (the anchor,
     which opens the block); the first step caches the context rows not cached yet. Tokens without features (only
-    on a first round, before the verifier has read the prompt) join the anchor, at most `block_size` of them.
+    on a first round, before the verifier has read the prompt) join the anchor, at most `block_len` of them.
     """
     config = model.config
     device = input_ids.device
     store = cache.verifier_features
     length = input_ids.shape[1]
     read = min(store.usable_length(input_ids[0]), length - 1)
-    new_ids = cache.sync(input_ids[0, :read], config.max_position_embeddings - config.block_size - 1, config.block_size)
+    new_ids = cache.sync(input_ids[0, :read], config.max_position_embeddings - block_len - 1, block_len)
     num_new = new_ids.shape[0]
     width = len(config.verifier_layer_ids) * config.verifier_hidden_size
     features = store.features[read - num_new : read] if num_new else torch.zeros(0, width)
     features = features.to(device)[None]
-    first_anchor = max(read, length - config.block_size)
+    first_anchor = max(read, length - block_len)
     anchors = input_ids[:, first_anchor:]
     context_positions = torch.arange(read - num_new, read, device=device) - cache.offset
-    query_positions = torch.cat([torch.arange(first_anchor, length, device=device),
-                                 torch.arange(length, length + num_tokens, device=device)]) - cache.offset
+    query_positions = torch.arange(first_anchor, length + block_len, device=device) - cache.offset
+    keep = slice(anchors.shape[1], anchors.shape[1] + num_tokens)
 
     def forward(block, first):
         positions = torch.cat([context_positions, query_positions]) if first and num_new else query_positions
@@ -466,7 +470,7 @@ def _conditioned_forward(model, input_ids, cache, num_tokens):
             verifier_features=features if first else features[:, :0],
             position_ids=positions[None],
             past_key_values=cache,
-            logits_to_keep=num_tokens,
+            logits_to_keep=keep,
         ).logits[0].float()
 
     return forward

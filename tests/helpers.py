@@ -1,7 +1,8 @@
 """Tiny random verifiers and briefly trained drafters, built in-process (no hub)."""
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+                          Qwen3Config, Qwen3ForCausalLM)
 
 from hf_specdiff import SpecDiffDrafter
 from hf_specdiff.block_diffusion import block_logits, make_block_diffusion_batch
@@ -23,6 +24,10 @@ def tiny_verifier(arch: str = "llama", vocab_size: int = 96, seed: int = 0, dtyp
         config = Qwen2Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=2, **SPECIAL)
         model = Qwen2ForCausalLM(config)
+    elif arch == "qwen3":
+        config = Qwen3Config(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, **SPECIAL)
+        model = Qwen3ForCausalLM(config)
     elif arch == "gpt2":
         config = GPT2Config(vocab_size=vocab_size, n_embd=64, n_layer=2, n_head=4, n_positions=512, **SPECIAL)
         model = GPT2LMHeadModel(config)
@@ -45,6 +50,16 @@ def tiny_drafter(verifier, block_size: int = 8, num_denoising_steps: int = 1, **
     config = drafter_config_for(verifier, block_size=block_size, num_denoising_steps=num_denoising_steps,
                                 **{**sizes, **kwargs})
     return SpecDiffDrafter(config).eval()
+
+
+def tiny_dflash_drafter(verifier, block_size: int = 8, **kwargs):
+    """A drafter of the dflash layout (the verifier's width, embeddings and head; mask token 3), given the verifier."""
+    text = verifier.config.get_text_config()
+    sizes = dict(hidden_size=text.hidden_size, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                 head_dim=16)
+    config = drafter_config_for(verifier, conditioned=True, layout="dflash", mask_token_id=3, block_size=block_size,
+                                **{**sizes, **kwargs})
+    return SpecDiffDrafter(config).eval().set_verifier(verifier)
 
 
 def greedy_sequences(verifier, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -73,7 +88,7 @@ def train_briefly(drafter, sequences: torch.Tensor, steps: int = 150, lr: float 
     opt = torch.optim.AdamW(drafter.parameters(), lr=lr)
     generator = torch.Generator().manual_seed(0)
     for _ in range(steps):
-        batch = make_block_diffusion_batch(sequences, drafter.config.block_size, drafter.config.mask_token_index,
+        batch = make_block_diffusion_batch(sequences, drafter.config.max_draft_tokens, drafter.config.mask_token_index,
                                            noise, generator, drafter.config.is_conditioned)
         loss = ce_streak_loss(block_logits(drafter, batch, features), drafter.to_draft_vocab(batch.targets))
         opt.zero_grad()

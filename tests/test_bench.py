@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_specdiff.bench import bench_methods, benchmark, read_spec_bench, save
-from helpers import greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
+from helpers import tiny_dflash_drafter, greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 
 def test_bench_runs_every_method_and_writes_results(tmp_path):
@@ -72,6 +72,16 @@ def test_bench_labels_a_conditioned_mdlm_drafter_and_gives_it_self_selection_and
     names = ["SpecDiff conditioned (mdlm, K=1) + lookup", "SpecDiff conditioned (mdlm, K=4) + lookup"]
     summary = benchmark(verifier, tokenizer, _questions(tmp_path, 2), mdlm_drafter=mdlm, num_drafts=(1, 4),
                         max_new_tokens=12, with_lookup=True, only=names, progress=False)
+    assert summary["methods"] == ["plain", *names]
+    for name in names:
+        assert summary["results"]["overall"][name]["exact_match"] == 1.0
+
+
+def test_bench_runs_a_dflash_drafter_through_transformers_loop_too(tmp_path):
+    verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
+    names = ["SpecDiff-2 dflash, transformers' loop", "SpecDiff-2 conditioned (K=1)"]
+    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 2), conditioned_drafter=tiny_dflash_drafter(verifier),
+                        max_new_tokens=12, only=names, progress=False)
     assert summary["methods"] == ["plain", *names]
     for name in names:
         assert summary["results"]["overall"][name]["exact_match"] == 1.0

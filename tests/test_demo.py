@@ -37,7 +37,8 @@ def test_library_calls_pin_threads_for_the_call_only(tmp_path, capsys):
     drafter.save_pretrained(tmp_path / "drafter")
     torch.set_num_threads(2)
 
-    results = run_demo(["t5 t9 t14", "t7 t8"], verifier=str(tmp_path / "verifier"), drafter=str(tmp_path / "drafter"),
+    chat = [{"role": "user", "content": "t7 t8"}]  # a jsonl row's `messages`
+    results = run_demo(["t5 t9 t14", chat], verifier=str(tmp_path / "verifier"), drafter=str(tmp_path / "drafter"),
                        max_new_tokens=20, dtype=torch.float32, threads=1, colour=False)
     out = capsys.readouterr().out
     assert [r["identical"] for r in results] == [True, True] and "[" in out and out.count("speed-up") == 2

@@ -33,9 +33,9 @@ def test_draft_longer_than_block():
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier, block_size=4)
     drafter.generation_config.num_assistant_tokens = 6
-    with pytest.raises(ValueError, match="at most block_size=4.*num_assistant_tokens"):
+    with pytest.raises(ValueError, match="drafts at most 4.*num_assistant_tokens"):
         verifier.generate(PROMPT, max_new_tokens=20, assistant_model=drafter)
-    with pytest.raises(ValueError, match="at most block_size=4"):
+    with pytest.raises(ValueError, match="drafts at most 4"):
         drafter.generate(PROMPT, max_new_tokens=5)
 
 
@@ -106,6 +106,8 @@ def test_broken_drafter_folders_say_what_is_wrong(tmp_path):
     weights.unlink()
     with pytest.raises(FileNotFoundError, match="has a config.json but no weights"):
         SpecDiffDrafter.from_pretrained(tmp_path)
+    with pytest.raises(FileNotFoundError, match="is a file: pass the folder"):
+        SpecDiffDrafter.from_pretrained(tmp_path / "config.json")
 
 
 def test_commands_fail_on_bad_files_before_loading_models(tmp_path, capsys):

@@ -81,3 +81,42 @@ def test_missing_gguf_package_names_the_fix(monkeypatch, tmp_path, capsys):
 
     assert main(["setup"]) == 2
     assert "needs the gguf package" in capsys.readouterr().err
+
+
+def test_dflash_layout_is_exact_on_the_real_verifier_and_through_its_export(smollm2, tmp_path):
+    """A dflash-layout drafter for SmolLM2 (its width, embeddings, head; layer 0 copied from it): exact through our
+    loops, transformers' DFlash loop, and, in a process without hf_specdiff, its transformers export."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from hf_specdiff.compat import dflash_sizes
+    from hf_specdiff.export import export_drafter
+    from hf_specdiff.training import init_from_verifier
+
+    model, tokenizer = smollm2
+    config = drafter_config_for(model, conditioned=True, layout="dflash", mask_token_id=16, block_size=5,
+                                num_hidden_layers=1, draft_token_ids=list(range(8192)), **dflash_sizes(model))
+    drafter = hf_specdiff.SpecDiffDrafter(config).eval().set_verifier(model)
+    init_from_verifier(drafter, model, num_layers=1)
+    inputs = tokenizer.apply_chat_template([{"role": "user", "content": "Name three colours."}],
+                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    kwargs = dict(max_new_tokens=12, do_sample=False)
+    plain = model.generate(**inputs, **kwargs).tolist()
+    assert model.generate(**inputs, assistant_model=drafter, speculation_type="dflash", **kwargs).tolist() == plain
+    for num_drafts in (1, 4):
+        assert hf_specdiff.generate(model, drafter, **inputs, num_drafts=num_drafts, **kwargs).tolist() == plain
+    export_drafter(drafter, tmp_path / "export", "transformers")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.modules["hf_specdiff"] = None
+        from transformers import AutoModel, AutoModelForCausalLM
+        verifier = AutoModelForCausalLM.from_pretrained({str(hf_specdiff.verifiers.prepare_verifier(
+            "smollm2-135m-instruct"))!r}, dtype=torch.float32).eval()
+        drafter = AutoModel.from_pretrained({str(tmp_path / "export")!r}).eval()
+        ids = torch.tensor({inputs["input_ids"].tolist()})
+        out = verifier.generate(ids, assistant_model=drafter, speculation_type="dflash", max_new_tokens=12,
+                                do_sample=False)
+        assert out.tolist() == {plain!r}, out.tolist()
+    """)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)

@@ -219,7 +219,7 @@ def test_errors(trained):
         hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=4, num_drafts=2, max_tree_nodes=0)
     with pytest.raises(ValueError, match="lookup_tokens must be >= 0, got -1"):
         hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=4, lookup_tokens=-1)
-    with pytest.raises(ValueError, match="draft_length must be between 1 and the drafter's block_size"):
+    with pytest.raises(ValueError, match="draft_length must be between 1 and the drafter's longest draft"):
         hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=4, draft_length=17)
     other = tiny_drafter(tiny_verifier("llama", vocab_size=128))
     with pytest.raises(ValueError, match="vocab_size \\(128\\) differs"):

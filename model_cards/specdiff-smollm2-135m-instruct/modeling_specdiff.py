@@ -21,13 +21,14 @@ from torch import nn
 
 from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, PreTrainedModel
 from transformers import initialization as init
+from transformers.cache_utils import Cache
 from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
     TopKLogitsWarper,
     TopPLogitsWarper,
 )
 from transformers.generation.utils import GenerateDecoderOnlyOutput
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_specdiff import SpecDiffConfig
 from .generation_specdiff import (AssistantRounds, DraftLengthPolicy, RoundCosts, SpecDiffCache, VerifierFeatures,
@@ -93,19 +94,29 @@ class SpecDiffAttention(nn.Module):
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=False)
+        if config.qk_norm:
+            self.q_norm = SpecDiffRMSNorm(self.head_dim, config.rms_norm_eps)
+            self.k_norm = SpecDiffRMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, hidden, cos, sin, attention_mask, cache: SpecDiffCache | None, num_prefix_tokens: int,
+    def forward(self, hidden, cos, sin, attention_mask, cache, num_prefix_tokens: int,
                 context: torch.Tensor | None = None):
+        """`cache` is a `SpecDiffCache` (the first `num_prefix_tokens` keys and values are appended to it) or the
+        `DFlashCache` of transformers' DFlash loop (every key and value is appended; the loop crops the block)."""
         batch, seq, _ = hidden.shape
         kv_input = hidden if context is None else torch.cat([context, hidden], dim=1)
         q = self.q_proj(hidden).view(batch, seq, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(kv_input).view(batch, kv_input.shape[1], self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(kv_input).view(batch, kv_input.shape[1], self.num_kv_heads, self.head_dim).transpose(1, 2)
+        if hasattr(self, "q_norm"):
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rotary(q, cos[:, -seq:], sin[:, -seq:]), apply_rotary(k, cos, sin)
-        past = cache.layer(self.layer_idx) if cache is not None else None
-        keys, values = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
-        if cache is not None and num_prefix_tokens:
-            cache.append(self.layer_idx, k[:, :, :num_prefix_tokens], v[:, :, :num_prefix_tokens])
+        if isinstance(cache, Cache):
+            keys, values = cache.update(k, v, self.layer_idx)
+        else:
+            past = cache.layer(self.layer_idx) if cache is not None else None
+            keys, values = (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)) if past is not None else (k, v)
+            if cache is not None and num_prefix_tokens:
+                cache.append(self.layer_idx, k[:, :, :num_prefix_tokens], v[:, :, :num_prefix_tokens])
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=attention_mask, enable_gqa=self.num_kv_heads != self.num_heads
         )
@@ -158,7 +169,9 @@ class SpecDiffModel(SpecDiffPreTrainedModel):
 
     def __init__(self, config: SpecDiffConfig):
         super().__init__(config)
-        self.embed_tokens = nn.Embedding(config.vocab_size + 1, config.hidden_size)
+        # The dflash layout embeds with the verifier's table: the drafter passes `inputs_embeds`.
+        self.embed_tokens = None if config.uses_verifier_weights else nn.Embedding(config.vocab_size + 1,
+                                                                                   config.hidden_size)
         if config.is_conditioned:
             width = len(config.verifier_layer_ids) * config.verifier_hidden_size
             self.context_proj = nn.Linear(width, config.hidden_size, bias=False)
@@ -174,9 +187,9 @@ class SpecDiffModel(SpecDiffPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embed_tokens = value
 
-    def forward(self, input_ids, position_ids=None, attention_mask=None, past_key_values=None, num_prefix_tokens=0,
-                verifier_features=None):
-        hidden = self.embed_tokens(input_ids)
+    def forward(self, input_ids=None, position_ids=None, attention_mask=None, past_key_values=None,
+                num_prefix_tokens=0, verifier_features=None, inputs_embeds=None):
+        hidden = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         context = None
         if self.config.is_conditioned:
             if verifier_features is None:
@@ -186,16 +199,23 @@ class SpecDiffModel(SpecDiffPreTrainedModel):
         num_inputs = num_prefix_tokens if context is not None else 0
         if position_ids is None:
             start = past_key_values.get_seq_length() - past_key_values.offset if past_key_values is not None else 0
-            position_ids = torch.arange(start, start + num_inputs + input_ids.shape[1], device=input_ids.device)[None]
+            position_ids = torch.arange(start, start + num_inputs + hidden.shape[1], device=hidden.device)[None]
         if attention_mask is None and context is None:  # causal over the input, after the whole cache
             past = position_ids.shape[1] and int(position_ids[0, 0])
-            attention_mask = torch.ones(input_ids.shape[1], past + input_ids.shape[1], dtype=torch.bool,
-                                        device=input_ids.device).tril(past)[None, None]
+            attention_mask = torch.ones(hidden.shape[1], past + hidden.shape[1], dtype=torch.bool,
+                                        device=hidden.device).tril(past)[None, None]
         cos, sin = self.rotary_emb(hidden, position_ids)
         for layer in self.layers:
             hidden = layer(hidden, cos, sin, attention_mask, past_key_values, num_prefix_tokens, context)
         return self.norm(hidden)
 
+
+_NEEDS_VERIFIER_WEIGHTS = (
+    "This SpecDiff drafter has the dflash layout: it embeds and predicts with the verifier's embedding table and head, "
+    "which it does not store. Give it the verifier: drafter.set_verifier(verifier) or drafter.attach(verifier), or "
+    "use hf_specdiff.generate(verifier, drafter, ...) or verifier.generate(..., assistant_model=drafter, "
+    "speculation_type='dflash')."
+)
 
 _NEEDS_VERIFIER = (
     "This SpecDiff drafter is conditioned on the verifier's hidden states (config.verifier_layer_ids), so it cannot "
@@ -204,11 +224,46 @@ _NEEDS_VERIFIER = (
 )
 
 
+class VerifierWeights:
+    """The verifier's embedding table and head, as a `"dflash"`-layout drafter uses them: embeddings without the
+    verifier's optional `embed_norm` (as transformers' DFlash loop embeds the block), logits through a detached
+    head (the drafter trains, the verifier does not), restricted to the draft vocabulary's rows when it is reduced.
+    Held outside the module tree, so they are neither saved nor moved with the drafter."""
+
+    def __init__(self, verifier, vocab_size: int):
+        self.embeddings = verifier.get_input_embeddings()
+        self.head = verifier.get_output_embeddings()
+        if self.head is None or self.head.weight.shape[0] != vocab_size:
+            raise ValueError(f"the verifier's head must predict the drafter's {vocab_size} tokens")
+        self._rows: tuple | None = None  # (key, weight rows of the draft vocabulary)
+
+    @torch.no_grad()
+    def embed(self, input_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        embed_norm = getattr(self.embeddings, "embed_norm", None)
+        if embed_norm is None:
+            return self.embeddings(input_ids.to(self.embeddings.weight.device)).to(dtype)
+        try:
+            self.embeddings.embed_norm = nn.Identity()
+            return self.embeddings(input_ids.to(self.embeddings.weight.device)).to(dtype)
+        finally:
+            self.embeddings.embed_norm = embed_norm
+
+    def logits(self, hidden: torch.Tensor, draft_ids: torch.Tensor | None) -> torch.Tensor:
+        weight, bias = self.head.weight.detach(), getattr(self.head, "bias", None)
+        if draft_ids is not None:
+            key = (weight.data_ptr(), weight.dtype, weight.device, draft_ids.shape[0])
+            if self._rows is None or self._rows[0] != key:
+                self._rows = (key, weight[draft_ids.to(weight.device)].contiguous())
+            weight = self._rows[1]
+            bias = bias[draft_ids] if bias is not None else None
+        return F.linear(hidden.to(weight.dtype), weight, None if bias is None else bias.detach())
+
+
 class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
     """A SpecDiff drafter: pass it to a verifier's `generate(..., assistant_model=drafter)`.
 
     `forward` returns logits over the verifier's vocabulary for every input position; `generate` drafts up to
-    `config.block_size` tokens after `input_ids` in `config.num_denoising_steps` forwards and returns them with the
+    `config.max_draft_tokens` tokens after `input_ids` in `config.num_denoising_steps` forwards and returns them with the
     processed logits each was drawn from, as transformers' assisted decoding expects.
     """
 
@@ -216,13 +271,15 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = SpecDiffModel(config)
         head_size = len(config.draft_token_ids) if config.draft_token_ids is not None else config.vocab_size
-        self.lm_head = nn.Linear(config.hidden_size, head_size, bias=False)
+        # The dflash layout predicts with the verifier's head (`set_verifier`).
+        self.lm_head = None if config.uses_verifier_weights else nn.Linear(config.hidden_size, head_size, bias=False)
+        self._verifier_weights: VerifierWeights | None = None
         self._draft_ids: torch.Tensor | None = None
         self._hooks: VerifierHooks | None = None
         self._length_policy: DraftLengthPolicy | None = None
         self._tree_round_costs: RoundCosts | None = None
         self.post_init()
-        self.generation_config.num_assistant_tokens = config.block_size
+        self.generation_config.num_assistant_tokens = config.max_draft_tokens
         self.generation_config.num_assistant_tokens_schedule = ADAPTIVE_SCHEDULE
         self.generation_config.assistant_confidence_threshold = 0.0
 
@@ -240,19 +297,43 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             raise
 
     def get_input_embeddings(self):
+        if self.config.uses_verifier_weights:
+            return self._verifier_weights.embeddings if self._verifier_weights is not None else None
         return self.model.embed_tokens
 
     def set_input_embeddings(self, value):
         self.model.embed_tokens = value
 
     def get_output_embeddings(self):
+        if self.config.uses_verifier_weights:
+            return self._verifier_weights.head if self._verifier_weights is not None else None
         return self.lm_head
+
+    def set_verifier(self, verifier) -> "SpecDiffDrafter":
+        """Give a `"dflash"`-layout drafter the verifier's embedding table and head, which it drafts with (they
+        stay the verifier's: not saved with the drafter, not trained). A no-op for drafters that own theirs.
+        `attach` and `hf_specdiff.generate` call it."""
+        if self.config.uses_verifier_weights:
+            self.check_verifier_layers(verifier)
+            self._verifier_weights = VerifierWeights(verifier, self.config.vocab_size)
+        return self
+
+    def _verifier_weights_or_raise(self) -> "VerifierWeights":
+        if self._verifier_weights is None:
+            raise ValueError(_NEEDS_VERIFIER_WEIGHTS)
+        return self._verifier_weights
+
+    def head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Head logits [..., head_size] of final hidden states (over the draft vocabulary when it is reduced)."""
+        if self.lm_head is not None:
+            return self.lm_head(hidden)
+        return self._verifier_weights_or_raise().logits(hidden, self.draft_vocab_ids(hidden.device))
 
     def draft_vocab_ids(self, device=None) -> torch.Tensor | None:
         """The verifier ids of the head's outputs [head_size], or `None` when the head covers the whole vocabulary."""
         if self.config.draft_token_ids is None:
             return None
-        device = device or self.lm_head.weight.device
+        device = device or self.device
         if self._draft_ids is None or self._draft_ids.device != torch.device(device):
             self._draft_ids = torch.tensor(self.config.draft_token_ids, dtype=torch.long, device=device)
         return self._draft_ids
@@ -276,17 +357,24 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
 
     def forward(
         self,
-        input_ids: torch.LongTensor,
+        input_ids: torch.LongTensor | None = None,
         position_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         past_key_values: SpecDiffCache | None = None,
         num_prefix_tokens: int = 0,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | slice = 0,
         head_logits: bool = False,
         verifier_features: torch.Tensor | None = None,
+        noise_embeds: torch.Tensor | None = None,
+        context_hidden_states: torch.Tensor | None = None,
         **kwargs,
-    ) -> CausalLMOutputWithPast:
+    ) -> CausalLMOutputWithPast | BaseModelOutputWithPast:
         """Logits [batch, seq, vocab_size] over the verifier's vocabulary for every input position.
+
+        Called as transformers' DFlash loop calls a DFlash drafter (`noise_embeds`, `context_hidden_states`,
+        `position_ids`, `attention_mask`, `past_key_values=DFlashCache`), a `"dflash"`-layout drafter returns the
+        final hidden states of the block instead (`last_hidden_state`), which the loop turns into logits with the
+        verifier's head.
 
         Args:
             verifier_features: conditioned drafters only: [batch, n, len(verifier_layer_ids) * verifier_hidden_size],
@@ -297,16 +385,37 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                 causal attention over the inputs (after the whole cache).
             past_key_values: the prefix cache. The keys and values of the first `num_prefix_tokens` inputs are
                 appended to it; the rest (the draft block) are attended to but not cached.
-            logits_to_keep: if > 0, compute logits for the last `logits_to_keep` positions only.
+            logits_to_keep: if > 0, compute logits for the last `logits_to_keep` positions only; a `slice` keeps
+                those positions.
             head_logits: return the head's logits as they are (over the draft vocabulary when it is reduced).
         """
-        hidden = self.model(input_ids, position_ids, attention_mask, past_key_values, num_prefix_tokens,
-                            verifier_features)
-        if logits_to_keep:
+        if noise_embeds is not None:
+            return self._dflash_forward(noise_embeds, context_hidden_states, position_ids, attention_mask,
+                                        past_key_values)
+        embeds = self._verifier_weights_or_raise().embed(input_ids, self.dtype) \
+            if self.config.uses_verifier_weights else None
+        hidden = self.model(input_ids if embeds is None else None, position_ids, attention_mask, past_key_values,
+                            num_prefix_tokens, verifier_features, inputs_embeds=embeds)
+        if isinstance(logits_to_keep, slice):
+            hidden = hidden[:, logits_to_keep]
+        elif logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
-        logits = self.lm_head(hidden)
+        logits = self.head(hidden)
         return CausalLMOutputWithPast(logits=logits if head_logits else self.to_full_vocab(logits),
                                       past_key_values=past_key_values)
+
+    def _dflash_forward(self, noise_embeds, context_hidden_states, position_ids, attention_mask, past_key_values):
+        """transformers' DFlash contract: the block's final hidden states [batch, block, hidden]."""
+        if not self.config.uses_verifier_weights:
+            raise ValueError("speculation_type='dflash' needs a drafter of layout 'dflash' (it embeds and predicts "
+                             "with the verifier's weights); call this drafter with assistant_model= alone.")
+        if context_hidden_states is None:
+            raise ValueError("the DFlash call needs context_hidden_states (the verifier's features)")
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("SpecDiffDrafter does not take padded inputs: pass an unpadded single prompt.")
+        hidden = self.model(position_ids=position_ids, past_key_values=past_key_values,
+                            verifier_features=context_hidden_states, inputs_embeds=noise_embeds.to(self.dtype))
+        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values)
 
     def _check_inputs(self, input_ids, attention_mask, num_tokens):
         if input_ids.shape[0] != 1:
@@ -318,11 +427,10 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             raise ValueError("SpecDiffDrafter does not take padded inputs: pass an unpadded single prompt.")
         if input_ids.shape[1] == 0:
             raise ValueError("The prompt is empty: pass at least one token (for example the BOS token).")
-        if not 1 <= num_tokens <= self.config.block_size:
+        if not 1 <= num_tokens <= self.config.max_draft_tokens:
             raise ValueError(
-                f"Asked for {num_tokens} draft tokens but this drafter drafts at most block_size="
-                f"{self.config.block_size}: lower `num_assistant_tokens` in `drafter.generation_config` (or "
-                "`max_new_tokens`) to at most the block size."
+                f"Asked for {num_tokens} draft tokens but this drafter drafts at most {self.config.max_draft_tokens}: "
+                "lower `num_assistant_tokens` in `drafter.generation_config` (or `max_new_tokens`) to at most that."
             )
         if int(input_ids.max()) >= self.config.vocab_size or int(input_ids.min()) < 0:
             raise ValueError(
@@ -361,6 +469,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         if not self.config.is_conditioned:
             return self
         self.check_verifier_layers(verifier)
+        self.set_verifier(verifier)
         self.detach()
         self._hooks = VerifierHooks(verifier, self.config.verifier_layer_ids, VerifierFeatures())
         return self
@@ -419,7 +528,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
 
     def new_length_policy(self, max_length: int | None = None, fixed: int | None = None) -> DraftLengthPolicy:
         """A fresh `DraftLengthPolicy` for drafts of at most `max_length` tokens (default: the block size)."""
-        return DraftLengthPolicy(max_length or self.config.block_size, fixed)
+        return DraftLengthPolicy(max_length or self.config.max_draft_tokens, fixed)
 
     def _assistant_rounds(self, cache: SpecDiffCache, generation_config) -> AssistantRounds | None:
         """The round tracker of an adaptive drafter called by transformers' assisted loop (None otherwise)."""
@@ -442,7 +551,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         max_new_tokens: int | None = None,
         **kwargs,
     ) -> GenerateDecoderOnlyOutput:
-        """Draft up to `block_size` tokens after `input_ids` ([1, seq]).
+        """Draft up to `config.max_draft_tokens` tokens after `input_ids` ([1, seq]).
 
         Called by transformers' `AssistedCandidateGenerator` with the verifier's generation config and its logits
         processors (which already hold temperature/top-k/top-p when sampling); called directly, the sampling
@@ -456,7 +565,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         """
         generation_config = copy.deepcopy(generation_config or self.generation_config)
         generation_config.update(**{k: v for k, v in kwargs.items() if hasattr(generation_config, k)})
-        num_tokens = max_new_tokens or generation_config.max_new_tokens or self.config.block_size
+        num_tokens = max_new_tokens or generation_config.max_new_tokens or self.config.max_draft_tokens
         self._check_inputs(input_ids, attention_mask, num_tokens)
         if past_key_values is None:
             past_key_values = SpecDiffCache()
@@ -489,6 +598,8 @@ def _check_local_folder(path: str):
         if os.path.isabs(path) or path.startswith((".", "~")) or path.count("/") > 1:  # a path, not a Hub id
             raise FileNotFoundError(f"no drafter at {path}: pass the folder of a saved SpecDiff drafter")
         return
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"{path} is a file: pass the folder of a saved SpecDiff drafter")
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"{path} has no config.json, so it is not a saved SpecDiff drafter: pass the folder "
                                 "that drafter.save_pretrained() or `hf-specdiff train --out` wrote.")
