@@ -17,8 +17,14 @@ def _add_train_arguments(parser: argparse.ArgumentParser):
         if default is None:
             parser.add_argument(flag, required=True, help=help_text)
         else:
-            parser.add_argument(flag, type=type(default), default=default,
+            parser.add_argument(flag, type=_yes_no if isinstance(default, bool) else type(default), default=default,
                                 help=f"{help_text} (default: {default})".strip())
+
+
+def _yes_no(text: str) -> bool:
+    if text.lower() not in ("true", "false", "yes", "no", "1", "0"):
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    return text.lower() in ("true", "yes", "1")
 
 
 def _train_config(args):
@@ -177,6 +183,14 @@ def cmd_export_custom_generate(args):
     print(export_custom_generate(args.out))
 
 
+def cmd_export(args):
+    from .export import export_drafter
+    from .modeling_specdiff import SpecDiffDrafter
+
+    drafter = SpecDiffDrafter.from_pretrained(args.drafter)
+    print(export_drafter(drafter, args.out, args.format))
+
+
 def _dtype(name: str):
     return {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[name]
 
@@ -286,6 +300,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repo", required=True, help="org/name")
     p.add_argument("--dry-run", action="store_true", help="list what would be uploaded, upload nothing")
     p.set_defaults(func=cmd_push)
+
+    p = sub.add_parser("export", help="write a dflash-layout drafter for transformers' DFlash loop or vLLM/SGLang")
+    p.add_argument("drafter", help="drafter folder (layout dflash)")
+    p.add_argument("out")
+    p.add_argument("--format", required=True, choices=["transformers", "dflash"],
+                   help="transformers: its muse_glimmer_assistant model (speculation_type='dflash', no remote code); "
+                        "dflash: z-lab's layout, as vLLM and SGLang load it")
+    p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("export-custom-generate", help="write the Hub custom_generate folder")
     p.add_argument("out")
