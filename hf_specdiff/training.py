@@ -23,8 +23,9 @@ import torch
 from tqdm.auto import tqdm
 
 from .block_diffusion import NOISE_MODES, block_logits, make_block_diffusion_batch
-from .compat import drafter_config_for
+from .compat import dflash_sizes, drafter_config_for
 from .data import load_distill_data, verifier_identity
+from .feature_cache import attach_features
 from .modeling_specdiff import SpecDiffDrafter
 from .objectives import OBJECTIVES, ce_streak_loss, kl_to_verifier, mdlm_loss, streak_loss, target_log_probs
 
@@ -45,6 +46,17 @@ class TrainConfig:
     verifier_layers: str = field(default="", metadata={"help": "make a conditioned drafter that reads these verifier "
                                                                  "layers: 'auto' (3 spread over depth) or a list "
                                                                  "like '1,14,28'; empty: a standalone drafter"})
+    layout: str = field(default="specdiff", metadata={"help": "specdiff (own embeddings and head, sizes below), or "
+                                                              "dflash: the verifier's width, heads and MLP (only "
+                                                              "num_hidden_layers is taken from here), its embedding "
+                                                              "table and head; needs verifier_layers"})
+    mask_token_id: int = field(default=-1, metadata={"help": "dflash: the verifier token that marks masked "
+                                                             "positions; -1: the rarest token of the data"})
+    feature_cache: bool = field(default=False, metadata={"help": "conditioned drafters: the verifier's features of "
+                                                                 "every row computed once (kept in the data folder, "
+                                                                 "whole rows as context) instead of per window "
+                                                                 "every step; cheaper, but trained worse at equal "
+                                                                 "steps on the tests' toy verifier"})
     mdlm_weight: float = field(default=0.0, metadata={"help": "weight of an added mdlm term (random masking)"})
     kl_weight: float = field(default=0.0, metadata={"help": "weight of KL(verifier || drafter) on masked positions"})
     init: str = field(default="from-verifier", metadata={"help": "random, from-verifier (embeddings and head), or a "
@@ -74,6 +86,8 @@ class TrainConfig:
     eval_every: int = 100
     log_every: int = 10
     eval_fraction: float = field(default=0.05, metadata={"help": "share of prompts held out for evaluation"})
+    max_train_rows: int = field(default=0, metadata={"help": "train on the first N training rows only (the held-out "
+                                                             "rows stay the same: learning curves); 0: all"})
     seed: int = 0
 
 
@@ -91,10 +105,27 @@ def frequent_tokens(rows: list[dict], size: int, always: list[int]) -> list[int]
     return sorted(counts.topk(min(size, int((counts > 0).sum()))).indices.tolist())
 
 
+def rarest_token(rows: list[dict], vocab_size: int) -> int:
+    """The token of the vocabulary least seen in `rows` (the highest id among ties): a dflash drafter's mask."""
+    counts = torch.zeros(vocab_size)
+    for row in rows:
+        counts += torch.bincount(torch.tensor(row["response_ids"] + row["prompt_ids"], dtype=torch.long),
+                                 minlength=vocab_size)[:vocab_size]
+    return int(vocab_size - 1 - counts.flip(0).argmin())
+
+
 @torch.no_grad()
 def init_from_verifier(drafter, verifier, num_layers: int = 0):
     """Drafter embeddings and head from the verifier's (projected onto the top principal directions of its
-    embedding when the drafter is narrower), and optionally its first layers."""
+    embedding when the drafter is narrower), and optionally its first layers. A dflash-layout drafter borrows the
+    verifier's embeddings and head, so only layers are copied (QK-norm weights stay ones where the verifier has none)."""
+    if not getattr(drafter.config, "uses_verifier_weights", False):
+        _init_embeddings_and_head(drafter, verifier)
+    if num_layers:
+        _copy_verifier_layers(drafter, verifier, num_layers)
+
+
+def _init_embeddings_and_head(drafter, verifier):
     embed = verifier.get_input_embeddings().weight.float()
     head = verifier.get_output_embeddings().weight.float()
     hidden = drafter.config.hidden_size
@@ -110,19 +141,23 @@ def init_from_verifier(drafter, verifier, num_layers: int = 0):
     drafter.get_input_embeddings().weight[vocab:] = drafter_embed.mean(0)  # the mask token, if any
     ids = drafter.draft_vocab_ids(head.device) if hasattr(drafter, "draft_vocab_ids") else None
     drafter.get_output_embeddings().weight.copy_((head if ids is None else head[ids]) @ projection)
-    if num_layers:
-        theirs = verifier.state_dict()
-        ours = drafter.state_dict()
-        copied = 0
-        for name, tensor in ours.items():
-            if name.startswith("model.layers.") and int(name.split(".")[2]) < num_layers:
-                if name not in theirs or theirs[name].shape != tensor.shape:
-                    raise ValueError(f"cannot copy verifier layer weight {name}: the drafter's shapes differ "
-                                     "(init_layers needs the verifier's sizes)")
-                tensor.copy_(theirs[name])
-                copied += 1
-        if not copied:
-            raise ValueError("init_layers found no layer weights to copy")
+
+
+def _copy_verifier_layers(drafter, verifier, num_layers: int):
+    theirs = verifier.state_dict()
+    copied = 0
+    for name, tensor in drafter.state_dict().items():
+        if not name.startswith("model.layers.") or int(name.split(".")[2]) >= num_layers:
+            continue
+        if name.endswith(("q_norm.weight", "k_norm.weight")) and name not in theirs:
+            continue  # QK-norm the verifier lacks: identity (ones) at first
+        if name not in theirs or theirs[name].shape != tensor.shape:
+            raise ValueError(f"cannot copy verifier layer weight {name}: the drafter's shapes differ "
+                             "(init_layers needs the verifier's sizes)")
+        tensor.copy_(theirs[name])
+        copied += 1
+    if not copied:
+        raise ValueError("init_layers found no layer weights to copy")
 
 
 def build_drafter(config: TrainConfig, verifier, rows: list[dict]):
@@ -139,20 +174,29 @@ def build_drafter(config: TrainConfig, verifier, rows: list[dict]):
     eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
     draft_ids = frequent_tokens(rows, config.draft_vocab_size, eos) if config.draft_vocab_size else None
     drafter_config = drafter_config_for(
-        verifier, hidden_size=config.hidden_size, num_hidden_layers=config.num_hidden_layers,
-        num_attention_heads=config.num_attention_heads, num_key_value_heads=config.num_key_value_heads,
-        intermediate_size=config.intermediate_size, block_size=config.block_size,
-        num_denoising_steps=config.num_denoising_steps, draft_token_ids=draft_ids,
-        max_position_embeddings=max(2048, config.seq_len + config.block_size),
-        verifier_name_or_path=config.verifier,
-        conditioned=bool(config.verifier_layers),
+        verifier, num_hidden_layers=config.num_hidden_layers, num_denoising_steps=config.num_denoising_steps,
+        draft_token_ids=draft_ids, max_position_embeddings=max(2048, config.seq_len + config.block_size + 1),
+        verifier_name_or_path=config.verifier, conditioned=bool(config.verifier_layers),
         **({"verifier_layer_ids": [int(i) for i in config.verifier_layers.split(",")]}
            if config.verifier_layers not in ("", "auto") else {}),
+        **_layout_settings(config, verifier, rows),
     )
-    drafter = SpecDiffDrafter(drafter_config)
+    drafter = SpecDiffDrafter(drafter_config).set_verifier(verifier)
     if config.init == "from-verifier":
         init_from_verifier(drafter, verifier, config.init_layers)
     return drafter
+
+
+def _layout_settings(config: TrainConfig, verifier, rows: list[dict]) -> dict:
+    """Sizes, block and mask of the drafter config: the dflash layout takes the verifier's sizes, counts the anchor
+    in its block and masks with a verifier token."""
+    if config.layout == "dflash":
+        vocab = verifier.config.get_text_config().vocab_size
+        mask = config.mask_token_id if config.mask_token_id >= 0 else rarest_token(rows, vocab)
+        return dict(layout="dflash", mask_token_id=mask, block_size=config.block_size + 1, **dflash_sizes(verifier))
+    return dict(hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads,
+                num_key_value_heads=config.num_key_value_heads, intermediate_size=config.intermediate_size,
+                block_size=config.block_size)
 
 
 def init_folder(config: TrainConfig) -> Path | None:
@@ -169,20 +213,22 @@ def load_drafter_to_train(config: TrainConfig, verifier):
     drafter = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     theirs = drafter.config
     kind = "diffusion" if isinstance(drafter, SpecDiffDrafter) else "ar"
+    sizes = ("num_hidden_layers",) if config.layout == "dflash" else (
+        "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "intermediate_size")
     want = {"kind": config.kind, "vocab_size": verifier.config.get_text_config().vocab_size,
-            **{name: getattr(config, name) for name in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                                        "num_key_value_heads", "intermediate_size")}}
+            **{name: getattr(config, name) for name in sizes}}
     have = {"kind": kind, **{name: getattr(theirs, name, None) for name in list(want)[1:]}}
     if kind == "diffusion":
-        want.update(block_size=config.block_size, draft_vocab_size=config.draft_vocab_size,
-                    conditioned=bool(config.verifier_layers))
-        have.update(block_size=theirs.block_size, draft_vocab_size=len(theirs.draft_token_ids or []),
+        want.update(layout=config.layout, max_draft_tokens=config.block_size,
+                    draft_vocab_size=config.draft_vocab_size, conditioned=bool(config.verifier_layers))
+        have.update(layout=theirs.layout, max_draft_tokens=theirs.max_draft_tokens,
+                    draft_vocab_size=len(theirs.draft_token_ids or []),
                     conditioned=theirs.verifier_layer_ids is not None)
     differ = [f"{name} {have[name]} there, {want[name]} here" for name in want if have[name] != want[name]]
     if differ:
         raise ValueError(f"the drafter in {path} differs from these settings ({'; '.join(differ)}): set them to "
                          "the drafter's")
-    return drafter
+    return drafter.set_verifier(verifier)
 
 
 def _ar_drafter(config: TrainConfig, verifier):
@@ -212,24 +258,30 @@ def split_rows(rows: list[dict], eval_fraction: float) -> tuple[list[dict], list
 
 
 def sample_windows(rows: list[dict], batch_size: int, seq_len: int, pad_id: int,
-                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """A batch of `seq_len`-token windows (ids [B, seq_len], valid [B, seq_len]) over prompt + response.
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """A batch of `seq_len`-token windows over prompt + response: ids [B, seq_len], valid [B, seq_len], and the
+    verifier features of those tokens [B, seq_len, F] when the rows carry them (`feature_cache`), else None.
 
     Windows end inside the response (where drafting happens); shorter sequences are right-padded (invalid).
     """
     ids = torch.full((batch_size, seq_len), pad_id, dtype=torch.long)
     valid = torch.zeros(batch_size, seq_len, dtype=torch.bool)
+    cached = "features" in rows[0]
+    features = torch.zeros(batch_size, seq_len, rows[0]["features"].shape[-1]) if cached else None
     picks = torch.randint(len(rows), (batch_size,), generator=generator).tolist()
     for b, index in enumerate(picks):
         row = rows[index]
         sequence = row["prompt_ids"] + row["response_ids"]
+        end = len(sequence)
         if len(sequence) > seq_len:
             first_end = max(seq_len, len(row["prompt_ids"]) + 1)
             end = int(torch.randint(first_end, len(sequence) + 1, (1,), generator=generator))
-            sequence = sequence[end - seq_len : end]
-        ids[b, : len(sequence)] = torch.tensor(sequence)
-        valid[b, : len(sequence)] = True
-    return ids, valid
+        start = max(0, end - seq_len)
+        ids[b, : end - start] = torch.tensor(sequence[start:end])
+        valid[b, : end - start] = True
+        if cached:
+            features[b, : end - start] = row["features"][start:end].float()
+    return ids, valid, features
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -237,9 +289,9 @@ def sample_windows(rows: list[dict], batch_size: int, seq_len: int, pad_id: int,
 
 
 def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, config: TrainConfig,
-                  generator: torch.Generator, verifier=None) -> torch.Tensor:
+                  generator: torch.Generator, verifier=None, features: torch.Tensor | None = None) -> torch.Tensor:
     """The configured objective on one batch of windows. `model` is what to call (the drafter, or its DDP
-    wrapper); `drafter` the unwrapped drafter."""
+    wrapper); `drafter` the unwrapped drafter; `features` the verifier's cached features of the windows, if any."""
     if config.kind == "ar":  # next-token cross-entropy on valid positions
         logits = model(input_ids=clean, attention_mask=valid.long()).logits[:, :-1]
         targets = clean[:, 1:].masked_fill(~valid[:, 1:], -100)
@@ -247,8 +299,9 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
     mask_index = drafter.config.mask_token_index
     conditioned = drafter.config.is_conditioned
     teacher = _teacher_forward(verifier, drafter, clean, valid, logits=bool(config.kl_weight)) \
-        if conditioned or config.kl_weight else None
-    features = drafter.select_features(teacher.hidden_states) if conditioned else None
+        if (conditioned and features is None) or config.kl_weight else None
+    if conditioned and features is None:
+        features = drafter.select_features(teacher.hidden_states)
     if config.objective == "mdlm":  # random masking ratios; the unaligned SpecDiff objective
         return _mdlm(model, drafter, clean, valid, config, generator, features)
     batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator, conditioned)
@@ -293,15 +346,17 @@ def verifier_features(verifier, drafter, ids: torch.Tensor, valid: torch.Tensor)
 
 
 @torch.no_grad()
-def held_out_metrics(drafter, windows: tuple[torch.Tensor, torch.Tensor], block_size: int, verifier=None) -> dict:
-    """One-step (T=1) drafting quality on held-out windows: greedy acceptance by position, the greedy accepted
-    streak (tau - 1 under greedy verification) and the expected streak under speculative sampling. A conditioned
-    drafter needs the `verifier`."""
-    clean, valid = windows
+def held_out_metrics(drafter, windows: tuple, block_size: int, verifier=None) -> dict:
+    """One-step (T=1) drafting quality on held-out windows (`sample_windows`' output): greedy acceptance by
+    position, the greedy accepted streak (tau - 1 under greedy verification) and the expected streak under
+    speculative sampling. A conditioned drafter needs the windows' features or the `verifier`."""
+    clean, valid, *cached = windows
+    features = cached[0] if cached else None
     conditioned = drafter.config.is_conditioned
     batch = make_block_diffusion_batch(clean, block_size, drafter.config.mask_token_index, "full",
                                        torch.Generator().manual_seed(0), conditioned)
-    features = verifier_features(verifier, drafter, clean, valid) if conditioned else None
+    if conditioned and features is None:
+        features = verifier_features(verifier, drafter, clean, valid)
     logits = block_logits(drafter, batch, features).float()
     targets = drafter.to_draft_vocab(batch.targets)
     block_valid = valid[:, batch.block_slice].reshape(targets.shape).all(-1)
@@ -364,6 +419,7 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
         raise ValueError(f"{config.data} was made by another verifier ({meta['verifier']}) than {config.verifier} "
                          f"({identity}): make data with this verifier, or train for that one")
     train_rows, eval_rows = split_rows(rows, config.eval_fraction)
+    train_rows = train_rows[: config.max_train_rows or None]
     if not train_rows:
         raise ValueError("no training rows left after the held-out split: lower eval_fraction or add prompts")
 
@@ -375,12 +431,18 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
             raise ValueError(f"{out} holds a checkpoint of a run with other settings ({sorted(changed)}): "
                              "use another --out, or the same settings to resume")
         drafter = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+        if hasattr(drafter, "set_verifier"):
+            drafter.set_verifier(verifier)
         start = saved["step"]
     else:
         drafter = build_drafter(config, verifier, train_rows)
         start = 0
-    if not config.kl_weight and not config.verifier_layers:
-        del verifier
+    cached = config.feature_cache and config.kind == "diffusion" and drafter.config.is_conditioned
+    if cached:
+        with accelerator.main_process_first():
+            attach_features(config.data, verifier, drafter, rows, progress and accelerator.is_main_process)
+    if not config.kl_weight and (not config.verifier_layers or cached):
+        del verifier  # a dflash drafter keeps the verifier's embeddings and head
         verifier = None
     elif config.precision == "bf16":
         verifier.to(torch.bfloat16)  # it only gives targets or features: half the cost
@@ -410,11 +472,13 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
         generator = torch.Generator().manual_seed((config.seed * 1_000_003 + step) * 1009 + accelerator.process_index)
         total = 0.0
         for micro in range(config.grad_accum):
-            clean, valid = sample_windows(train_rows, config.batch_size, config.seq_len, pad_id, generator)
+            clean, valid, features = sample_windows(train_rows, config.batch_size, config.seq_len, pad_id, generator)
             clean, valid = clean.to(accelerator.device), valid.to(accelerator.device)
+            features = features.to(accelerator.device) if features is not None else None
             sync = micro == config.grad_accum - 1  # all-reduce gradients on the last micro-batch only
             with autocast(), (nullcontext() if sync else accelerator.no_sync(model)):
-                loss = training_loss(model, drafter, clean, valid, config, generator, verifier) / config.grad_accum
+                loss = training_loss(model, drafter, clean, valid, config, generator, verifier,
+                                     features) / config.grad_accum
                 accelerator.backward(loss)
             total += loss.item()
         if not math.isfinite(total):
@@ -469,6 +533,10 @@ def _validate(config: TrainConfig):
         raise ValueError(f"init must be random, from-verifier or a drafter folder; {config.init!r} is none of these")
     if config.init_layers and config.init != "from-verifier":
         raise ValueError("init_layers copies verifier layers: it needs init=from-verifier")
+    if config.layout not in ("specdiff", "dflash"):
+        raise ValueError(f"layout must be specdiff or dflash, got {config.layout!r}")
+    if config.layout == "dflash" and (config.kind != "diffusion" or not config.verifier_layers):
+        raise ValueError("layout=dflash is a conditioned diffusion drafter: set verifier_layers (e.g. 'auto')")
     if config.kind == "ar" and config.verifier_layers:
         raise ValueError("verifier_layers makes a conditioned diffusion drafter: it does not apply to kind=ar")
     if config.verifier_layers not in ("", "auto") and not all(

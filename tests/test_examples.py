@@ -97,3 +97,23 @@ def test_verifier_cost(models):
     out = run("verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20",
               "--rows", "1,4", "--threads", "1")
     assert "k=  1:" in out and "k=  4:" in out and "(1.00x)" in out
+
+
+def test_learning_curves(models, tmp_path):
+    import shutil
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(models / "conditioned", run_dir)
+    (run_dir / "training_recipe.json").write_text(json.dumps({
+        "config": {"batch_size": 2, "grad_accum": 1, "seq_len": 8, "layout": "specdiff", "num_hidden_layers": 2},
+        "data": {"train_rows": 5}, "steps": 20, "wall_time_s": 1.0}))
+    (run_dir / "log.jsonl").write_text("".join(json.dumps(
+        {"step": step, "loss": 1.0, "acceptance_by_position": [0.5, 0.3, 0.2, 0.1, 0.1], "greedy_streak": 0.9,
+         "expected_streak": 0.7}) + "\n" for step in (10, 20)) + json.dumps({"step": 15, "loss": 1.0}) + "\n")
+    run("learning_curves.py", str(run_dir), "--out", str(tmp_path / "out"), "--verifier", str(models / "verifier"),
+        "--dtype", "fp32", "--threads", "1")
+    result = json.loads((tmp_path / "out" / "learning_curves.json").read_text())
+    curve = result["runs"][0]
+    assert [p["training_tokens"] for p in curve["points"]] == [160, 320]  # steps x batch x seq_len
+    assert curve["points"][0]["acceptance_by_position"] == [0.5, 0.3, 0.2, 0.1] and curve["drafter_ms"] > 0
+    assert result["verifier_ms"]["1 token"] > 0 and (tmp_path / "out" / "learning_curves.png").stat().st_size > 5000

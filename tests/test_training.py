@@ -176,6 +176,55 @@ def test_conditioned_drafter_beats_standalone_on_held_out_prompts(workspace):
     assert taus["conditioned"] > taus["standalone"] > 1.2, taus
 
 
+def test_dflash_layout_trains_drafts_and_goes_on(workspace):
+    """The dflash layout through the trainer: the verifier's sizes, no embeddings or head saved, drafts accepted."""
+    root, verifier, tokenizer = workspace
+    settings = dict(layout="dflash", verifier_layers="auto", num_hidden_layers=1, init_layers=1)
+    out = train(base_config(root, "dflash", max_steps=150, **settings), progress=False)
+    drafter = SpecDiffDrafter.from_pretrained(out).eval()
+    config = drafter.config
+    assert (config.layout, config.block_size, config.max_draft_tokens, config.hidden_size) == ("dflash", 9, 8, 64)
+    assert not any("embed" in k or "lm_head" in k for k in load_file(out / "model.safetensors"))
+    report = evaluate_drafter(verifier, tokenizer, drafter, read_prompts(root / "eval.jsonl"), draft_length=8,
+                              max_new_tokens=40, progress=False)
+    assert report["tau"] > 1.2, report
+    more = train(base_config(root, "dflash-more", max_steps=10, init=str(out), **{**settings, "init_layers": 0}),
+                 progress=False)
+    assert SpecDiffDrafter.from_pretrained(more).config.mask_token_id == config.mask_token_id
+    with pytest.raises(ValueError, match="layout=dflash is a conditioned diffusion drafter"):
+        train(base_config(root, "x", layout="dflash"), progress=False)
+
+
+def test_feature_cache_holds_each_rows_verifier_features(workspace, tmp_path):
+    """Cached features are the verifier's over the whole row, and windows take the rows of their own tokens."""
+    import shutil
+
+    from hf_specdiff.feature_cache import attach_features, cache_path
+    from hf_specdiff.training import sample_windows, verifier_features
+    from helpers import tiny_drafter
+
+    root, verifier, _ = workspace
+    shutil.copytree(root / "data", tmp_path / "data")
+    _, rows = load_distill_data(tmp_path / "data")
+    drafter = tiny_drafter(verifier, conditioned=True)
+    attach_features(tmp_path / "data", verifier, drafter, rows, progress=False)
+    assert cache_path(tmp_path / "data", drafter.config.verifier_layer_ids).exists()
+    for row in rows[:3]:
+        ids = torch.tensor([row["prompt_ids"] + row["response_ids"]])
+        expected = verifier_features(verifier, drafter, ids, torch.ones_like(ids, dtype=torch.bool))[0]
+        torch.testing.assert_close(row["features"].float(), expected, rtol=2e-2, atol=2e-2)  # stored in bf16
+    long = next(r for r in rows if len(r["prompt_ids"]) + len(r["response_ids"]) > 30)
+    sequence = long["prompt_ids"] + long["response_ids"]
+    ids, valid, features = sample_windows([long], 8, 24, 0, torch.Generator().manual_seed(0))
+    assert valid.all()
+    for b in range(8):
+        start = next(i for i in range(len(sequence)) if sequence[i:i + 24] == ids[b].tolist())
+        assert torch.equal(features[b], long["features"][start:start + 24].float())
+    again = load_distill_data(tmp_path / "data")[1]
+    attach_features(tmp_path / "data", None, drafter, again, progress=False)  # read back: no verifier needed
+    assert torch.equal(again[0]["features"], rows[0]["features"])
+
+
 @pytest.mark.slow
 def test_killed_training_resumes_to_the_same_weights(workspace, monkeypatch):
     root, _, _ = workspace
@@ -263,6 +312,12 @@ def test_eval_drafter_command(workspace, tmp_path, capsys):
     assert "| position | acceptance |" in capsys.readouterr().out
     assert json.loads((tmp_path / "eval.json").read_text())["prompts"] == 3
     assert (tmp_path / "acceptance_by_position.png").stat().st_size > 1000
+    _, verifier, tokenizer = workspace
+    drafter = SpecDiffDrafter.from_pretrained(out).eval()
+    report = evaluate_drafter(verifier, tokenizer, drafter, read_prompts(root / "eval.jsonl")[:2], max_new_tokens=16,
+                              draft_length=4, num_denoising_steps=2, progress=False)
+    assert report["num_denoising_steps"] == 2 and report["drafter_forwards"] > report["rounds"]  # T=1: < rounds
+    assert drafter.config.num_denoising_steps == 1  # evaluated at T=2 without changing the caller's drafter
 
 
 def test_ar_baseline_trains_and_assists(workspace):

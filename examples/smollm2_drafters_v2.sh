@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Drafter v2 (issue 16): learning curves of two drafter kinds at two data sizes, equal steps, on the v2 data
+# (examples/smollm2_data_v2.sh). Kinds: today's conditioned SpecDiff drafter (2 layers at width 256, own
+# embeddings and a PCA-projected 8k head) and the dflash layout (3 layers at the verifier's width 576, its
+# embeddings and head). The verifier's features are computed once per data set (kept in the data folder, --feature-cache:
+# the online teacher forward would cost 3x the steps here).
+# Every run is resumable: rerun the script after an interruption. CPU, 2 threads, fp32 (AVX2 machines: batched bf16 is
+# many times slower there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=${RUN:-runs/smollm2_v2}
+DATA=${DATA:-$RUN/data_greedy}
+STEPS=${STEPS:-600}
+SMALL=${SMALL:-250}           # training rows of the smaller data size (0: all)
+OUT=${OUT:-$RUN/drafters}
+CARD=model_cards/specdiff-smollm2-135m-instruct
+
+COMMON="--verifier smollm2-135m-instruct --data $DATA --objective ce-streak --verifier-layers auto --block-size 16
+    --seq-len 192 --batch-size 8 --lr 1e-3 --warmup-steps 50 --max-steps $STEPS --save-every 100 --eval-every 50
+    --draft-vocab-size 8192 --precision fp32 --eval-fraction 0.08 --feature-cache true"
+SPECDIFF="--layout specdiff --hidden-size 256 --num-hidden-layers 2 --num-attention-heads 4 --num-key-value-heads 2
+    --intermediate-size 768"
+DFLASH="--layout dflash --num-hidden-layers 3 --mask-token-id 16"   # 16 = <empty_output>, unused in chat
+for rows in "$SMALL" 0; do
+    hf-specdiff train $COMMON $SPECDIFF --max-train-rows "$rows" --out "$OUT/specdiff-rows$rows"
+    hf-specdiff train $COMMON $DFLASH --max-train-rows "$rows" --out "$OUT/dflash-rows$rows"
+done
+python examples/learning_curves.py "$OUT"/specdiff-rows* "$OUT"/dflash-rows* --out "$CARD/learning-curves"
