@@ -1,5 +1,7 @@
 """Tiny random verifiers and briefly trained drafters, built in-process (no hub)."""
 
+import functools
+
 import torch
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
                           Qwen3Config, Qwen3ForCausalLM)
@@ -60,6 +62,19 @@ def tiny_dflash_drafter(verifier, block_size: int = 8, **kwargs):
     config = drafter_config_for(verifier, conditioned=True, layout="dflash", mask_token_id=3, block_size=block_size,
                                 **{**sizes, **kwargs})
     return SpecDiffDrafter(config).eval().set_verifier(verifier)
+
+
+@functools.cache
+def trained_dflash(arch: str):
+    """(verifier, dflash-layout drafter trained briefly on its greedy continuations of DFLASH_PROMPTS), built once per
+    test session and shared by the tests that only read them."""
+    verifier = tiny_verifier(arch)
+    drafter = tiny_dflash_drafter(verifier)
+    train_briefly(drafter, greedy_sequences(verifier, DFLASH_PROMPTS, 40), steps=120, verifier=verifier)
+    return verifier, drafter
+
+
+DFLASH_PROMPTS = torch.randint(4, 96, (12, 6), generator=torch.Generator().manual_seed(7))
 
 
 def greedy_sequences(verifier, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:

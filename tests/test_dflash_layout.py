@@ -14,27 +14,17 @@ from transformers.generation.candidate_generator import DFlashTokenCandidateGene
 import hf_specdiff
 import hf_specdiff.generation_specdiff as generation
 from hf_specdiff.decoding import DiffusionCandidateGenerator
-from helpers import (greedy_sequences, sampled_sequences, sharp_verifier, tiny_dflash_drafter, tiny_drafter,
-                     tiny_verifier, train_briefly)
+from helpers import (DFLASH_PROMPTS, sampled_sequences, sharp_verifier, tiny_dflash_drafter, tiny_drafter,
+                     tiny_verifier, train_briefly, trained_dflash)
 from stats import chi_square_pvalue, exact_first_two
 
-PROMPTS = torch.randint(4, 96, (12, 6), generator=torch.Generator().manual_seed(7))
+PROMPTS = DFLASH_PROMPTS
 KWARGS = dict(max_new_tokens=30, do_sample=False, eos_token_id=None)
 
 
 @pytest.fixture(scope="module")
 def trained():
-    cache = {}
-
-    def get(arch):
-        if arch not in cache:
-            verifier = tiny_verifier(arch)
-            drafter = tiny_dflash_drafter(verifier)
-            train_briefly(drafter, greedy_sequences(verifier, PROMPTS, 40), steps=120, verifier=verifier)
-            cache[arch] = verifier, drafter
-        return cache[arch]
-
-    return get
+    return trained_dflash
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])

@@ -14,9 +14,9 @@ from hf_specdiff.cli import main as cli
 from hf_specdiff.decoding import DiffusionCandidateGenerator
 from hf_specdiff.export import _RENAMES, export_drafter
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
-from helpers import greedy_sequences, tiny_dflash_drafter, tiny_drafter, tiny_verifier, train_briefly
+from helpers import DFLASH_PROMPTS, tiny_drafter, tiny_verifier, trained_dflash
 
-PROMPTS = torch.randint(4, 96, (8, 6), generator=torch.Generator().manual_seed(11))
+PROMPTS = DFLASH_PROMPTS
 
 # What the engines load, written from their loaders (read 2026-12): z-lab/dflash dflash/model.py @ 44947fb (module
 # names); vLLM vllm/model_executor/models/qwen3_dflash.py @ 036a00d (load_weights adds the "model." prefix itself and
@@ -39,17 +39,7 @@ DFLASH_CONFIG_FIELDS = {"architectures", "model_type", "hidden_size", "num_hidde
 
 @pytest.fixture(scope="module")
 def trained():
-    cache = {}
-
-    def get(arch):
-        if arch not in cache:
-            verifier = tiny_verifier(arch)
-            drafter = tiny_dflash_drafter(verifier, num_hidden_layers=2)
-            train_briefly(drafter, greedy_sequences(verifier, PROMPTS, 40), steps=120, verifier=verifier)
-            cache[arch] = verifier, drafter
-        return cache[arch]
-
-    return get
+    return trained_dflash
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
