@@ -13,7 +13,6 @@ DATA=${DATA:-$RUN/data_greedy}
 STEPS=${STEPS:-600}
 SMALL=${SMALL:-250}           # training rows of the smaller data size (0: all)
 OUT=${OUT:-$RUN/drafters}
-CARD=model_cards/specdiff-smollm2-135m-instruct
 
 COMMON="--verifier smollm2-135m-instruct --data $DATA --objective ce-streak --verifier-layers auto --block-size 16
     --seq-len 192 --batch-size 8 --lr 1e-3 --warmup-steps 50 --max-steps $STEPS --save-every 100 --eval-every 50
@@ -25,4 +24,9 @@ for rows in "$SMALL" 0; do
     hf-specdiff train $COMMON $SPECDIFF --max-train-rows "$rows" --out "$OUT/specdiff-rows$rows"
     hf-specdiff train $COMMON $DFLASH --max-train-rows "$rows" --out "$OUT/dflash-rows$rows"
 done
-python examples/learning_curves.py "$OUT"/specdiff-rows* "$OUT"/dflash-rows* --out "$CARD/learning-curves"
+python examples/learning_curves.py "$OUT"/specdiff-rows* "$OUT"/dflash-rows* --out docs/results/smollm2-v2
+# the dflash drafter trained on all rows, against plain decoding and prompt lookup (1 per category, 128 new tokens)
+hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --per-category 1 --max-new-tokens 128 \
+    --drafter "$OUT/dflash-rows0" --num-drafts 1,4 --with-lookup --method "prompt lookup" \
+    --method "SpecDiff-2 conditioned (K=1)" --method "SpecDiff-2 dflash, transformers' loop" \
+    --method "SpecDiff-2 conditioned (K=4) + lookup" --out docs/results/smollm2-v2/bench

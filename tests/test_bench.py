@@ -121,10 +121,14 @@ def test_the_recipe_names_only_methods_the_bench_has():
     from pathlib import Path
     from types import SimpleNamespace
 
-    recipe = (Path(__file__).resolve().parents[1] / "examples" / "smollm2_recipe.sh").read_text()
-    asked = set(re.findall(r'--method "([^"]+)"', recipe))
-    kind = lambda conditioned: SimpleNamespace(config=SimpleNamespace(is_conditioned=conditioned))
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    recipes = [(examples / name).read_text() for name in ("smollm2_recipe.sh", "smollm2_drafters_v2.sh")]
+    asked = {method for recipe in recipes for method in re.findall(r'--method "([^"]+)"', recipe)}
+    kind = lambda conditioned, layout="specdiff": SimpleNamespace(
+        config=SimpleNamespace(is_conditioned=conditioned, layout=layout))
     known = set()
     for mdlm_conditioned in (False, True):
-        known |= set(bench_methods(kind(False), kind(mdlm_conditioned), object(), kind(True), (1, 4), with_lookup=True))
+        for layout in ("specdiff", "dflash"):
+            known |= set(bench_methods(kind(False), kind(mdlm_conditioned), object(), kind(True, layout), (1, 4),
+                                       with_lookup=True))
     assert asked and asked <= known, asked - known
