@@ -26,7 +26,6 @@ def compute_features(verifier, drafter, rows: list[dict], max_batch_tokens: int 
     bar = tqdm(total=len(rows), desc="verifier features", disable=not progress)
     start = 0
     while start < len(order):
-        longest = len(sequences[order[start]])
         end = start + 1
         while end < len(order) and (end - start + 1) * len(sequences[order[end]]) <= max_batch_tokens:
             end += 1
