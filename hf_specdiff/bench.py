@@ -105,13 +105,14 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     """Run every available method on every prompt (interleaved) and return per-category and overall results.
 
     `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
-    hidden states, `mdlm_drafter` an unaligned one of either kind (its label says which); any may be None. Each
-    runs at every K in `num_drafts`. `with_lookup` adds, for every SpecDiff method, a "+ lookup" one whose tree
-    also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens). `only` keeps the named methods (plain always
-    runs: it is the reference). `records_file` (JSON lines) receives each prompt's records when the prompt is done;
-    if it exists, its finished prompts are kept and the run goes on from there, provided the methods, prompts and
-    `run_info` (anything else a resumed run must share, such as the drafter paths) are the same. `threads` sets
-    torch's thread count for the run; the caller's count is restored on return."""
+    hidden states (`by_kind` sorts drafters into these two), `mdlm_drafter` an unaligned one of either kind (its
+    label says which); any may be None. Each runs at every K in `num_drafts`. `with_lookup` adds, for every SpecDiff
+    method, a "+ lookup" one whose tree also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens). `only`
+    keeps the named methods (plain always runs: it is the reference). `records_file` (JSON lines) receives each
+    prompt's records when the prompt is done; if it exists, its finished prompts are kept and the run goes on from
+    there, provided the methods, prompts and `run_info` (anything else a resumed run must share, such as the
+    drafter paths) are the same. `threads` sets torch's thread count for the run; the caller's count is restored
+    on return."""
     methods = bench_methods(drafter, mdlm_drafter, ar_drafter, conditioned_drafter, num_drafts, prompt_lookup_tokens,
                             with_lookup)
     if only is not None:
@@ -119,50 +120,67 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; with the drafters given, the methods are {list(methods)}")
         methods = {m: o for m, o in methods.items() if m == "plain" or m in only}
-
     settings = {"methods": list(methods), "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
                 "prompt_lookup_tokens": prompt_lookup_tokens, "prompts": _fingerprint(prompts), **(run_info or {})}
     records, done = _resume(records_file, settings)
+    drafters = [m for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter) if m is not None]
     with torch_threads(threads):
-        counter = _ForwardTimer(verifier)
-        drafter_timers = {id(m): _ForwardTimer(m) for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter)
-                          if m is not None}
-        for index, item in enumerate(tqdm(prompts[done:], desc="bench", initial=done, total=len(prompts),
-                                          disable=not progress), start=done):
-            inputs = tokenizer.apply_chat_template([{"role": "user", "content": item["prompt"]}],
-                                                   add_generation_prompt=True, return_tensors="pt", return_dict=True)
-            inputs = {k: v.to(verifier.device) for k, v in inputs.items()}
-            prompt_len = inputs["input_ids"].shape[1]
-            reference, mine = None, []
-            for name, options in methods.items():
-                options = dict(options)
-                stats = SpecDiffStats()
-                counter.reset()
-                used = options.get("specdiff", options.get("assistant_model"))
-                drafter_timer = drafter_timers.get(id(used))
-                if drafter_timer is not None:
-                    drafter_timer.reset()
-                start = time.perf_counter()
-                if "specdiff" in options:
-                    out = generate(verifier, options.pop("specdiff"), **inputs, max_new_tokens=max_new_tokens,
-                                   do_sample=False, stats=stats, **options)
-                else:
-                    out = _assisted_generate(verifier, inputs, max_new_tokens, options)
-                seconds = time.perf_counter() - start
-                tokens = out[0, prompt_len:].tolist()
-                reference = tokens if name == "plain" else reference
-                mine.append({"category": item["category"], "method": name, "tokens": len(tokens), "seconds": seconds,
-                             "forwards": counter.count, "verifier_seconds": counter.seconds,
-                             "drafter_forwards": drafter_timer.count if drafter_timer else 0,
-                             "drafter_seconds": drafter_timer.seconds if drafter_timer else 0.0,
-                             "exact": tokens == reference, "drafted": stats.drafted, "accepted": stats.accepted})
-            records += mine
-            if records_file is not None:
-                with open(records_file, "a") as f:
-                    f.write(json.dumps({"prompt": index, "records": mine}) + "\n")
-        for timer in (counter, *drafter_timers.values()):
-            timer.remove()
+        timers = {id(m): _ForwardTimer(m) for m in {id(m): m for m in (verifier, *drafters)}.values()}
+        try:
+            for index, item in enumerate(tqdm(prompts[done:], desc="bench", initial=done, total=len(prompts),
+                                              disable=not progress), start=done):
+                mine = _run_prompt(verifier, tokenizer, item, methods, max_new_tokens, timers)
+                records += mine
+                if records_file is not None:
+                    with open(records_file, "a") as f:
+                        f.write(json.dumps({"prompt": index, "records": mine}) + "\n")
+        finally:
+            for timer in timers.values():
+                timer.remove()
     return summarize(records, list(methods))
+
+
+def by_kind(drafters: list) -> dict:
+    """`benchmark`'s drafter arguments for SpecDiff drafters of either kind: {"drafter": standalone,
+    "conditioned_drafter": conditioned}, at most one of each."""
+    kinds = {"drafter": [], "conditioned_drafter": []}
+    for d in drafters:
+        kinds["conditioned_drafter" if d.config.is_conditioned else "drafter"].append(d)
+    if any(len(found) > 1 for found in kinds.values()):
+        raise ValueError("the drafters are the same kind: pass one standalone and one conditioned")
+    return {name: (found or [None])[0] for name, found in kinds.items()}
+
+
+def _run_prompt(verifier, tokenizer, item: dict, methods: dict, max_new_tokens: int, timers: dict) -> list[dict]:
+    """One prompt through every method in turn: a record each (tokens, seconds, forwards, acceptance, exactness)."""
+    inputs = tokenizer.apply_chat_template([{"role": "user", "content": item["prompt"]}],
+                                           add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    inputs = {k: v.to(verifier.device) for k, v in inputs.items()}
+    prompt_len = inputs["input_ids"].shape[1]
+    reference, mine = None, []
+    for name, options in methods.items():
+        options = dict(options)
+        stats = SpecDiffStats()
+        verifier_timer = timers[id(verifier)]
+        drafter_timer = timers.get(id(options.get("specdiff", options.get("assistant_model"))))
+        for timer in (verifier_timer, drafter_timer):
+            if timer is not None:
+                timer.reset()
+        start = time.perf_counter()
+        if "specdiff" in options:
+            out = generate(verifier, options.pop("specdiff"), **inputs, max_new_tokens=max_new_tokens,
+                           do_sample=False, stats=stats, **options)
+        else:
+            out = _assisted_generate(verifier, inputs, max_new_tokens, options)
+        seconds = time.perf_counter() - start
+        tokens = out[0, prompt_len:].tolist()
+        reference = tokens if name == "plain" else reference
+        mine.append({"category": item["category"], "method": name, "tokens": len(tokens), "seconds": seconds,
+                     "forwards": verifier_timer.count, "verifier_seconds": verifier_timer.seconds,
+                     "drafter_forwards": drafter_timer.count if drafter_timer else 0,
+                     "drafter_seconds": drafter_timer.seconds if drafter_timer else 0.0,
+                     "exact": tokens == reference, "drafted": stats.drafted, "accepted": stats.accepted})
+    return mine
 
 
 def _assisted_generate(verifier, inputs, max_new_tokens, options):

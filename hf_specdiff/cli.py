@@ -1,8 +1,9 @@
 """The `hf-specdiff` command."""
 
 import argparse
-from pathlib import Path
 import sys
+import traceback
+from pathlib import Path
 
 import torch
 
@@ -108,8 +109,8 @@ def cmd_demo(args):
 def cmd_bench(args):
     from transformers import AutoModelForCausalLM
 
-    from .shipped import SHIPPED_DRAFTERS
-    from .bench import benchmark, markdown_table, read_spec_bench, save
+    from .bench import benchmark, by_kind, markdown_table, read_spec_bench, save
+    from .shipped import SHIPPED_DRAFTERS, shipped_drafter_path
     from .verifiers import load_verifier
 
     prompts = read_spec_bench(args.prompts, args.per_category)  # a bad prompts file fails before any model loads
@@ -124,19 +125,10 @@ def cmd_bench(args):
         return AutoModelForCausalLM.from_pretrained(path, dtype=verifier.dtype, trust_remote_code=True) \
             .to(verifier.device).eval()
 
-    from .shipped import shipped_drafter_path
-
-    drafter = args.drafter or (str(shipped_drafter_path(args.verifier)) if args.verifier in SHIPPED_DRAFTERS else None)
+    drafter = args.drafter or (shipped_drafter_path(args.verifier) if args.verifier in SHIPPED_DRAFTERS else None)
     specdiff = [d for d in (load(drafter), load(args.compare_drafter)) if d is not None]
-    kinds = {True: [], False: []}
-    for d in specdiff:
-        kinds[bool(getattr(d.config, "verifier_layer_ids", None))].append(d)
-    if len(kinds[True]) > 1 or len(kinds[False]) > 1:
-        raise ValueError("--drafter and --compare-drafter are the same kind: pass one standalone and one conditioned")
-    summary = benchmark(verifier, tokenizer, prompts,
-                        drafter=(kinds[False] or [None])[0], conditioned_drafter=(kinds[True] or [None])[0],
-                        mdlm_drafter=load(args.mdlm_drafter), ar_drafter=load(args.ar_drafter),
-                        num_drafts=tuple(int(k) for k in args.num_drafts.split(",")),
+    summary = benchmark(verifier, tokenizer, prompts, **by_kind(specdiff), mdlm_drafter=load(args.mdlm_drafter),
+                        ar_drafter=load(args.ar_drafter), num_drafts=tuple(int(k) for k in args.num_drafts.split(",")),
                         max_new_tokens=args.max_new_tokens, with_lookup=args.with_lookup, only=args.method,
                         records_file=Path(args.out) / "records.jsonl", run_info=run_info, threads=args.threads)
     summary["settings"] = settings
@@ -198,11 +190,20 @@ def _dtype(name: str):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-specdiff", description="Speculative decoding with diffusion drafters")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add_parser in (_setup_parser, _demo_parser, _distill_data_parser, _synth_prompts_parser, _train_parser,
+                       _eval_drafter_parser, _bench_parser, _card_parser, _push_parser, _export_parser,
+                       _export_custom_generate_parser):
+        add_parser(sub)
+    return parser
 
+
+def _setup_parser(sub):
     p = sub.add_parser("setup", help="convert a registry-shipped verifier to a cached safetensors folder")
     p.add_argument("--verifier", default="smollm2-135m-instruct")
     p.set_defaults(func=cmd_setup)
 
+
+def _demo_parser(sub):
     p = sub.add_parser("demo", help="stream an answer with SpecDiff, then compare speed and text with plain greedy")
     p.add_argument("prompt", nargs="*", help=f"one or more prompts (default: {DEMO_PROMPT!r})")
     p.add_argument("--prompt-file", default=None, help="more prompts: a text file, one per line, or a jsonl file")
@@ -215,6 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_demo)
 
+
+def _distill_data_parser(sub):
     p = sub.add_parser("distill-data", help="sample verifier trajectories on training prompts (resumable)")
     p.add_argument("--verifier", required=True, help="verifier folder or known name")
     p.add_argument("--prompts", required=True, help="jsonl prompt file")
@@ -232,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_distill_data)
 
+
+def _synth_prompts_parser(sub):
     p = sub.add_parser("synth-prompts", help="user requests written by the verifier itself (Magpie; resumable)")
     p.add_argument("--verifier", required=True, help="verifier folder or known name")
     p.add_argument("--num-prompts", type=int, required=True, help="stop when the file holds this many")
@@ -245,10 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_synth_prompts)
 
+
+def _train_parser(sub):
     p = sub.add_parser("train", help="train a drafter (also: accelerate launch -m hf_specdiff.train)")
     _add_train_arguments(p)
     p.set_defaults(func=cmd_train)
 
+
+def _eval_drafter_parser(sub):
     p = sub.add_parser("eval-drafter", help="tau and acceptance by position on held-out prompts")
     p.add_argument("--verifier", required=True)
     p.add_argument("--drafter", required=True)
@@ -263,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="folder for eval.json, eval.md and the PNG plot")
     p.set_defaults(func=cmd_eval_drafter)
 
+
+def _bench_parser(sub):
     p = sub.add_parser("bench", help="Spec-Bench: every method side by side, interleaved per prompt")
     p.add_argument("--prompts", required=True, help="Spec-Bench question.jsonl (or any jsonl with category + turns)")
     p.add_argument("--per-category", type=int, default=10)
@@ -286,6 +297,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="results folder; its records.jsonl keeps each finished prompt, and a rerun resumes from it")
     p.set_defaults(func=cmd_bench)
 
+
+def _card_parser(sub):
     p = sub.add_parser("card", help="render a drafter folder's model card and validate the folder")
     p.add_argument("folder")
     p.add_argument("--base-model", default="HuggingFaceTB/SmolLM2-135M-Instruct")
@@ -295,12 +308,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--reproduce", default=None, help="the commands that reproduce the drafter and its results")
     p.set_defaults(func=cmd_card)
 
+
+def _push_parser(sub):
     p = sub.add_parser("push", help="upload a validated drafter folder to the Hub")
     p.add_argument("folder")
     p.add_argument("--repo", required=True, help="org/name")
     p.add_argument("--dry-run", action="store_true", help="list what would be uploaded, upload nothing")
     p.set_defaults(func=cmd_push)
 
+
+def _export_parser(sub):
     p = sub.add_parser("export", help="write a dflash-layout drafter for transformers' DFlash loop or vLLM/SGLang")
     p.add_argument("drafter", help="drafter folder (layout dflash)")
     p.add_argument("out")
@@ -309,10 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "dflash: z-lab's layout, as vLLM and SGLang load it")
     p.set_defaults(func=cmd_export)
 
+
+def _export_custom_generate_parser(sub):
     p = sub.add_parser("export-custom-generate", help="write the Hub custom_generate folder")
     p.add_argument("out")
     p.set_defaults(func=cmd_export_custom_generate)
-    return parser
 
 
 def main(argv=None):
@@ -320,9 +338,18 @@ def main(argv=None):
     try:
         args.func(args)
     except (ValueError, FileNotFoundError, ImportError) as error:
+        if not _raised_here(error):
+            raise  # a failure inside torch or transformers: its whole traceback
         print(f"hf-specdiff {args.command}: error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _raised_here(error: BaseException) -> bool:
+    """Whether hf_specdiff raised `error` itself (its innermost Python frame is in this package): an error that
+    names its fix, shown as one line."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and Path(frames[-1].filename).resolve().is_relative_to(Path(__file__).resolve().parent)
 
 
 if __name__ == "__main__":

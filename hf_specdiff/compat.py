@@ -65,16 +65,7 @@ def drafter_config_for(verifier, conditioned: bool = False, **kwargs) -> SpecDif
 
 def check_compatibility(verifier, drafter) -> None:
     """Raise `ValueError` naming the fix if `drafter` cannot draft for `verifier` (vocabulary or special tokens)."""
-    verifier_vocab = _verifier_text_config(verifier).vocab_size
-    if drafter.config.vocab_size != verifier_vocab:
-        raise ValueError(
-            f"The drafter's vocab_size ({drafter.config.vocab_size}) differs from the verifier's ({verifier_vocab}): "
-            "a drafter works only with the tokenizer (and padded vocabulary) it was made for. Train one for this "
-            "verifier with `hf-specdiff train --verifier ...`, or build its config with "
-            "`hf_specdiff.compat.drafter_config_for(verifier)`."
-        )
-    if getattr(drafter.config, "verifier_layer_ids", None) is not None:
-        drafter.check_verifier_layers(verifier)
+    drafter.check_verifier(verifier)
     for name in SPECIAL_TOKENS:
         theirs, ours = _generation_token(verifier, name), getattr(drafter.config, name, None)
         if theirs is not None and ours is not None and not _ids(theirs) & _ids(ours):

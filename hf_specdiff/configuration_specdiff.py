@@ -97,19 +97,10 @@ class SpecDiffConfig(PreTrainedConfig):
     ):
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-        if target_layer_ids is not None and verifier_layer_ids is not None and \
-                list(target_layer_ids) != list(verifier_layer_ids):
-            raise ValueError("target_layer_ids and verifier_layer_ids name the same layers: give one, or equal lists")
-        verifier_layer_ids = verifier_layer_ids if verifier_layer_ids is not None else target_layer_ids
         if unmasking_schedule not in UNMASKING_SCHEDULES:
             raise ValueError(f"unmasking_schedule must be one of {UNMASKING_SCHEDULES}, got {unmasking_schedule!r}")
-        if block_size < 1 or num_denoising_steps < 1:
-            raise ValueError("block_size and num_denoising_steps must be >= 1")
-        if hidden_size % num_attention_heads and head_dim is None:
-            raise ValueError("hidden_size must be divisible by num_attention_heads, or set head_dim")
-        if block_size >= max_position_embeddings:
-            raise ValueError(f"block_size ({block_size}) must be smaller than max_position_embeddings "
-                             f"({max_position_embeddings})")
+        _check_sizes(hidden_size, num_attention_heads, head_dim, block_size, num_denoising_steps,
+                     max_position_embeddings)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -131,18 +122,9 @@ class SpecDiffConfig(PreTrainedConfig):
         # The embedding has a mask row the head must not predict, so input and output embeddings stay untied.
         kwargs.pop("tie_word_embeddings", None)
         self.tie_word_embeddings = False
-        if draft_token_ids is not None:
-            draft_token_ids = [int(i) for i in draft_token_ids]
-            if len(set(draft_token_ids)) != len(draft_token_ids) or not all(0 <= i < vocab_size for i in draft_token_ids):
-                raise ValueError("draft_token_ids must be distinct token ids below vocab_size")
-        self.draft_token_ids = draft_token_ids
+        self.draft_token_ids = _draft_token_ids(draft_token_ids, vocab_size)
         self.verifier_name_or_path = verifier_name_or_path
-        if verifier_layer_ids is not None:
-            verifier_layer_ids = [int(i) for i in verifier_layer_ids]
-            if not verifier_layer_ids or min(verifier_layer_ids) < 0 or not verifier_hidden_size:
-                raise ValueError("a conditioned drafter needs a non-empty list of verifier_layer_ids (>= 0) and "
-                                 "the verifier_hidden_size")
-        self.verifier_layer_ids = verifier_layer_ids
+        self.verifier_layer_ids = _verifier_layer_ids(verifier_layer_ids, target_layer_ids, verifier_hidden_size)
         self.verifier_hidden_size = verifier_hidden_size
         self.verifier_num_layers = verifier_num_layers
         self.layout = layout
@@ -151,7 +133,7 @@ class SpecDiffConfig(PreTrainedConfig):
             _check_dflash_layout(self, mask_token_id)
             self.mask_token_index = mask_token_id
         self.mask_token_id = mask_token_id
-        self.target_layer_ids = verifier_layer_ids  # what transformers' DFlash loop reads
+        self.target_layer_ids = self.verifier_layer_ids  # what transformers' DFlash loop reads
         super().__init__(**kwargs)
 
     @property
@@ -179,6 +161,40 @@ class SpecDiffConfig(PreTrainedConfig):
                 "AutoModelForCausalLM, and pass a SpecDiff drafter checkpoint as the assistant."
             )
         return super().from_dict(config_dict, **kwargs)
+
+
+def _check_sizes(hidden_size, num_attention_heads, head_dim, block_size, num_denoising_steps, max_position_embeddings):
+    if block_size < 1 or num_denoising_steps < 1:
+        raise ValueError("block_size and num_denoising_steps must be >= 1")
+    if hidden_size % num_attention_heads and head_dim is None:
+        raise ValueError("hidden_size must be divisible by num_attention_heads, or set head_dim")
+    if block_size >= max_position_embeddings:
+        raise ValueError(f"block_size ({block_size}) must be smaller than max_position_embeddings "
+                         f"({max_position_embeddings})")
+
+
+def _draft_token_ids(draft_token_ids, vocab_size: int) -> list[int] | None:
+    if draft_token_ids is None:
+        return None
+    draft_token_ids = [int(i) for i in draft_token_ids]
+    if len(set(draft_token_ids)) != len(draft_token_ids) or not all(0 <= i < vocab_size for i in draft_token_ids):
+        raise ValueError("draft_token_ids must be distinct token ids below vocab_size")
+    return draft_token_ids
+
+
+def _verifier_layer_ids(verifier_layer_ids, target_layer_ids, verifier_hidden_size) -> list[int] | None:
+    """The layers a conditioned drafter reads, given under either name (transformers' is `target_layer_ids`)."""
+    if target_layer_ids is not None and verifier_layer_ids is not None and \
+            list(target_layer_ids) != list(verifier_layer_ids):
+        raise ValueError("target_layer_ids and verifier_layer_ids name the same layers: give one, or equal lists")
+    layer_ids = verifier_layer_ids if verifier_layer_ids is not None else target_layer_ids
+    if layer_ids is None:
+        return None
+    layer_ids = [int(i) for i in layer_ids]
+    if not layer_ids or min(layer_ids) < 0 or not verifier_hidden_size:
+        raise ValueError("a conditioned drafter needs a non-empty list of verifier_layer_ids (>= 0) and "
+                         "the verifier_hidden_size")
+    return layer_ids
 
 
 def _check_dflash_layout(config: SpecDiffConfig, mask_token_id: int | None):

@@ -85,10 +85,6 @@ class SpecDiffStats:
                 "drafter_forwards": self.drafter_forwards, "acceptance_by_position": self.acceptance_by_position}
 
 
-def _is_conditioned(drafter) -> bool:
-    return getattr(drafter.config, "verifier_layer_ids", None) is not None
-
-
 class DiffusionCandidateGenerator(CandidateGenerator):
     """Drafts from a SpecDiff drafter for transformers' assisted-decoding loop (one linear draft per round).
 
@@ -101,7 +97,7 @@ class DiffusionCandidateGenerator(CandidateGenerator):
                  stats: SpecDiffStats | None = None):
         self.drafter = drafter
         self.cache = drafter.new_cache()
-        self.requires_model_outputs = _is_conditioned(drafter)
+        self.requires_model_outputs = drafter.config.is_conditioned
         if self.requires_model_outputs:
             self.model_kwargs_overrides = {"output_hidden_states": drafter.verifier_hidden_states}
         self._verified: torch.Tensor | None = None  # the sequence the verifier's last forward read the end of
@@ -314,8 +310,8 @@ def accept_greedy(tree: DraftTree, target_scores: torch.Tensor):
 # Verifier side: tree attention and cache compaction
 
 
-def _layer_types(model) -> list[str] | None:
-    return getattr(model.config.get_text_config(), "layer_types", None)
+def _layer_types(verifier) -> list[str] | None:
+    return getattr(verifier.config.get_text_config(), "layer_types", None)
 
 
 def tree_positions(past: int, num_committed: int, tree: DraftTree) -> torch.Tensor:
@@ -323,7 +319,7 @@ def tree_positions(past: int, num_committed: int, tree: DraftTree) -> torch.Tens
     return torch.cat([torch.arange(past, past + num_committed), past + num_committed - 1 + tree.depths])
 
 
-def tree_attention_mask(model, cache, num_committed: int, tree: DraftTree, dtype) -> torch.Tensor | dict:
+def tree_attention_mask(verifier, cache, num_committed: int, tree: DraftTree, dtype) -> torch.Tensor | dict:
     """Additive 4D mask(s) for one verifier forward over [uncommitted prefix tokens, tree nodes].
 
     Prefix queries attend causally; a node attends to the whole prefix and to its ancestors and itself. Models
@@ -347,12 +343,12 @@ def tree_attention_mask(model, cache, num_committed: int, tree: DraftTree, dtype
         if window is not None:
             mask = mask & (key_positions[None, kv_offset:kv_offset + kv_length] > positions[:, None] - window)
         additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
-        return additive[None, None].to(model.device)
+        return additive[None, None].to(verifier.device)
 
-    types = _layer_types(model)
+    types = _layer_types(verifier)
     if not types:
         return build(0, None)
-    window = getattr(model.config.get_text_config(), "sliding_window", None)
+    window = getattr(verifier.config.get_text_config(), "sliding_window", None)
     return {kind: build(types.index(kind), window if kind == "sliding_attention" else None) for kind in set(types)}
 
 
@@ -379,7 +375,7 @@ def compact_cache(cache, num_tree: int, keep: list[int]):
 
 
 @contextmanager
-def grouped_heads_in_sdpa(model):
+def grouped_heads_in_sdpa(verifier):
     """Let sdpa attend over grouped key/value heads under a mask, inside this block, for a verifier on CPU.
 
     For a masked multi-token call transformers copies every layer's cached keys and values up to the number of query
@@ -387,7 +383,7 @@ def grouped_heads_in_sdpa(model):
     (`enable_gqa`, same output), which spares that copy: about 4 ms of a tree forward of SmolLM2-135M over an
     800-token context. transformers reads `TRANSFORMERS_SDPA_FORCE_GQA` at each call; a value set by the user wins.
     """
-    if model.device.type != "cpu" or "TRANSFORMERS_SDPA_FORCE_GQA" in os.environ:
+    if verifier.device.type != "cpu" or "TRANSFORMERS_SDPA_FORCE_GQA" in os.environ:
         yield
         return
     os.environ["TRANSFORMERS_SDPA_FORCE_GQA"] = "1"
@@ -397,12 +393,12 @@ def grouped_heads_in_sdpa(model):
         del os.environ["TRANSFORMERS_SDPA_FORCE_GQA"]
 
 
-def _check_tree_support(model):
-    implementation = getattr(model.config, "_attn_implementation", "eager") or "eager"
-    if getattr(model, "_is_stateful", False) or implementation.startswith(("flash", "flex")):
+def _check_tree_support(verifier):
+    implementation = getattr(verifier.config, "_attn_implementation", "eager") or "eager"
+    if getattr(verifier, "_is_stateful", False) or implementation.startswith(("flash", "flex")):
         raise ValueError(
             f"Self-selection (num_drafts > 1) verifies a tree with a custom 4D attention mask, which "
-            f"{type(model).__name__} with attn_implementation={implementation!r} does not take. Load the verifier with "
+            f"{type(verifier).__name__} with attn_implementation={implementation!r} does not take. Load the verifier with "
             "attn_implementation='sdpa' (or 'eager'), or use num_drafts=1."
         )
 
@@ -419,143 +415,220 @@ def _stop_index(input_ids: torch.Tensor, start: int, stopping_criteria) -> int |
     return None
 
 
-@torch.no_grad()
-def _tree_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter, num_drafts,
-                   draft_length, lookup_tokens, max_tree_nodes, streamer, stats, past_key_values):
-    _check_tree_support(model)
-    cache = past_key_values
-    if hasattr(cache, "activate_past_recording"):
-        cache.activate_past_recording()
-    do_sample = bool(generation_config.do_sample)
-    controller = drafter.new_length_policy(fixed=draft_length)
-    lookup_rates = drafter.new_length_policy(max(lookup_tokens, 1)).acceptance  # the lookup draft's, by depth
-    drafter_cache = drafter.new_cache()
-    conditioned = _is_conditioned(drafter)
-    output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
-    all_scores = []
-    dtype = model.dtype
-    prompt_len = input_ids.shape[1]
+@dataclass
+class TreeRound:
+    """One round of the tree loop: what was drafted, and where the verifier's forward starts."""
 
-    while True:
-        round_start = time.perf_counter()
-        committed = input_ids[:, cache.get_seq_length():]
-        room = generation_config.max_length - input_ids.shape[1] - 1
-        num_tokens = min(controller.next_length(), room)
-        if conditioned and not drafter_cache.verifier_features.usable_length(input_ids[0]):
-            num_tokens = 0  # the verifier reads the prompt first
-        drafts = []
-        lookup = prompt_lookup(input_ids[0].cpu(), min(lookup_tokens, room)) if lookup_tokens and room > 0 else []
-        if num_tokens > 0:
-            _, draft_scores = drafter.draft(input_ids.to(drafter.device), drafter_cache, num_tokens, logits_processor,
-                                            num_steps=1)
-            stats.drafter_forwards += 1
-            draft_scores = draft_scores.to(input_ids.device)
-            if do_sample:  # the draws of sampling stay whole
-                drafts = sample_drafts(draft_scores, num_drafts)
-        if not do_sample:  # a node costs verifier compute: keep the nodes most likely to be accepted
-            rows, scores = [lookup], [lookup_rates.rates()[:len(lookup)].log().cumsum(0).tolist()]
-            if num_tokens > 0:
-                log_q = draft_scores.float().log_softmax(-1)
-                drafts = top_k_drafts(log_q, num_drafts)
-                rows += drafts.tolist()
-                scores += log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()
-            rows = prune_drafts(rows, scores, max_tree_nodes or DEFAULT_MAX_TREE_NODES,
-                                costs=None if max_tree_nodes else drafter.tree_round_costs)
-            lookup, drafts = rows[0], rows[1:]
-        tree = DraftTree.from_drafts(drafts, fixed=lookup)
-        tree_tokens = tree.tokens.to(input_ids.device)
+    committed: torch.Tensor  # [1, c] the committed tokens the verifier has not read yet
+    past: int  # the verifier's cache length before this round
+    lookup: list[int]  # the prompt-lookup draft (possibly pruned)
+    drafts: list | torch.Tensor  # the drafter's drafts in the tree (possibly pruned)
+    draft_scores: torch.Tensor | None  # [g, V] the drafter's processed logits; None if it did not draft
+    tree: DraftTree
+    started: float  # time.perf_counter() at the round's start
+
+
+class TreeDecoding:
+    """Self-selection decoding in named steps: `draft_tree`, `verify`, `target_scores`, `accept`, `learn`,
+    `record_features`, `commit`; `__call__` runs them until a stopping criterion fires."""
+
+    def __init__(self, verifier, drafter, generation_config, logits_processor, stopping_criteria, *, num_drafts: int,
+                 draft_length: int | None, lookup_tokens: int, max_tree_nodes: int | None, streamer, stats):
+        _check_tree_support(verifier)
+        self.verifier, self.drafter = verifier, drafter
+        self.generation_config = generation_config
+        self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
+        self.num_drafts, self.lookup_tokens, self.max_tree_nodes = num_drafts, lookup_tokens, max_tree_nodes
+        self.streamer, self.stats = streamer, stats
+        self.do_sample = bool(generation_config.do_sample)
+        self.conditioned = drafter.config.is_conditioned
+        self.length_policy = drafter.new_length_policy(fixed=draft_length)
+        self.lookup_acceptance = drafter.new_length_policy(max(lookup_tokens, 1)).acceptance  # by depth
+        self.drafter_cache = drafter.new_cache()
+        self.output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
+        self.scores: list[torch.Tensor] = []
+
+    @torch.no_grad()
+    def __call__(self, input_ids: torch.LongTensor, cache):
+        if hasattr(cache, "activate_past_recording"):
+            cache.activate_past_recording()
+        prompt_len = input_ids.shape[1]
+        stopped = False
+        while not stopped:
+            round_ = self.draft_tree(input_ids, cache)
+            outputs = self.verify(round_, cache)
+            target_scores = self.target_scores(input_ids, outputs.logits[0].float(), round_.tree)
+            path, next_token = self.accept(round_, target_scores)
+            compact_cache(cache, len(round_.tree), path)
+            self.learn(round_, path)
+            if self.conditioned:
+                self.record_features(round_, outputs, path)
+            input_ids, stopped = self.commit(input_ids, round_, path, next_token, target_scores)
+        self.stats.new_tokens += input_ids.shape[1] - prompt_len
+        if self.streamer is not None:
+            self.streamer.end()
+        if self.generation_config.return_dict_in_generate:
+            return GenerateDecoderOnlyOutput(sequences=input_ids, past_key_values=cache,
+                                             scores=tuple(self.scores) if self.output_scores else None)
+        return input_ids
+
+    def draft_tree(self, input_ids: torch.LongTensor, cache) -> TreeRound:
+        """The round's tree: K drafts from one drafter forward and the lookup draft; greedy keeps the likeliest nodes."""
+        started = time.perf_counter()
         past = cache.get_seq_length()
-        positions = tree_positions(past, committed.shape[1], tree).to(input_ids.device)
-        with grouped_heads_in_sdpa(model):
-            outputs = model(
-                input_ids=torch.cat([committed, tree_tokens[None]], dim=1),
+        room = self.generation_config.max_length - input_ids.shape[1] - 1
+        num_tokens = min(self.length_policy.next_length(), room)
+        if self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
+            num_tokens = 0  # the verifier reads the prompt first
+        lookup = prompt_lookup(input_ids[0].cpu(), min(self.lookup_tokens, room)) \
+            if self.lookup_tokens and room > 0 else []
+        drafts, draft_scores = [], None
+        if num_tokens > 0:
+            _, draft_scores = self.drafter.draft(input_ids.to(self.drafter.device), self.drafter_cache, num_tokens,
+                                                 self.logits_processor, num_steps=1)
+            self.stats.drafter_forwards += 1
+            draft_scores = draft_scores.to(input_ids.device)
+            if self.do_sample:  # the draws of sampling stay whole
+                drafts = sample_drafts(draft_scores, self.num_drafts)
+        if not self.do_sample:  # a node costs verifier compute: keep the nodes most likely to be accepted
+            lookup, drafts = self._prune(lookup, draft_scores)
+        tree = DraftTree.from_drafts(drafts, fixed=lookup)
+        return TreeRound(input_ids[:, past:], past, lookup, drafts, draft_scores, tree, started)
+
+    def _prune(self, lookup: list[int], draft_scores: torch.Tensor | None) -> tuple[list[int], list[list[int]]]:
+        """Greedy: the K likeliest drafts under the marginals and the lookup draft, cut to the best tree nodes."""
+        rows = [lookup]
+        path_scores = [self.lookup_acceptance.rates()[:len(lookup)].log().cumsum(0).tolist()]
+        if draft_scores is not None:
+            log_q = draft_scores.float().log_softmax(-1)
+            drafts = top_k_drafts(log_q, self.num_drafts)
+            rows += drafts.tolist()
+            path_scores += log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()
+        rows = prune_drafts(rows, path_scores, self.max_tree_nodes or DEFAULT_MAX_TREE_NODES,
+                            costs=None if self.max_tree_nodes else self.drafter.tree_round_costs)
+        return rows[0], rows[1:]
+
+    def verify(self, round_: TreeRound, cache):
+        """One verifier forward over the committed tokens and every tree node (tree attention, a position per node)."""
+        committed, tree = round_.committed, round_.tree
+        positions = tree_positions(round_.past, committed.shape[1], tree).to(committed.device)
+        with grouped_heads_in_sdpa(self.verifier):
+            return self.verifier(
+                input_ids=torch.cat([committed, tree.tokens.to(committed.device)[None]], dim=1),
                 position_ids=positions[None],
-                attention_mask=tree_attention_mask(model, cache, committed.shape[1], tree, dtype),
+                attention_mask=tree_attention_mask(self.verifier, cache, committed.shape[1], tree, self.verifier.dtype),
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1 + len(tree),
-                **({"output_hidden_states": drafter.verifier_hidden_states} if conditioned else {}),
+                **({"output_hidden_states": self.drafter.verifier_hidden_states} if self.conditioned else {}),
             )
-        logits = outputs.logits[0].float()  # [1 + N, V]: last committed token, then nodes
-        # Process each row with its own context (committed tokens + the node's path), one batch per depth.
-        target_scores = torch.empty_like(logits) if len(logits_processor) else logits
-        if len(logits_processor):
-            target_scores[0] = logits_processor(input_ids, logits[:1])[0]
-        for depth in range(1, int(tree.depths.max()) + 1 if len(tree) and len(logits_processor) else 1):
-            nodes = (tree.depths == depth).nonzero().flatten().tolist()
-            context = torch.stack([tree_tokens[tree.path(n)] for n in nodes])
-            context = torch.cat([input_ids.expand(len(nodes), -1), context], dim=1)
-            target_scores[1 + torch.tensor(nodes)] = logits_processor(context, logits[1 + torch.tensor(nodes)])
 
-        if do_sample:
-            draft_probs = draft_scores.float().softmax(-1) if num_tokens > 0 else None  # None: a lookup-only tree
-            path, next_token = accept_sampling(tree, target_scores, draft_probs)
-        else:
-            path, next_token = accept_greedy(tree, target_scores)
-        stats.record_round(int(tree.depths.max()) if len(tree) else 0, len(path))
-        if num_tokens > 0:  # the drafter's positions that were verified (pruning may cut the deepest)
+    def target_scores(self, input_ids: torch.LongTensor, logits: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+        """The verifier's processed logits [1 + N, V]: the last committed token, then each node, each processed with
+        its own context (the committed tokens and the node's path), one batch per depth."""
+        if not len(self.logits_processor):
+            return logits
+        scores = torch.empty_like(logits)
+        scores[0] = self.logits_processor(input_ids, logits[:1])[0]
+        tokens = tree.tokens.to(input_ids.device)
+        for depth in range(1, int(tree.depths.max()) + 1 if len(tree) else 1):
+            nodes = (tree.depths == depth).nonzero().flatten()
+            paths = torch.stack([tokens[tree.path(n)] for n in nodes.tolist()])
+            context = torch.cat([input_ids.expand(len(nodes), -1), paths], dim=1)
+            scores[1 + nodes] = self.logits_processor(context, logits[1 + nodes])
+        return scores
+
+    def accept(self, round_: TreeRound, target_scores: torch.Tensor) -> tuple[list[int], int]:
+        """The accepted nodes and the next token: the argmax walk, or multi-candidate speculative sampling."""
+        if not self.do_sample:
+            return accept_greedy(round_.tree, target_scores)
+        draft_probs = None if round_.draft_scores is None else round_.draft_scores.float().softmax(-1)
+        return accept_sampling(round_.tree, target_scores, draft_probs)  # draft_probs None: a lookup-only tree
+
+    def learn(self, round_: TreeRound, path: list[int]):
+        """Statistics, the drafter's and the lookup draft's acceptance, and the round's cost for `tree_budget`."""
+        tree, lookup = round_.tree, round_.lookup
+        self.stats.record_round(int(tree.depths.max()) if len(tree) else 0, len(path))
+        if round_.draft_scores is not None:  # the drafter's positions that were verified (pruning may cut the deepest)
             accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
-            controller.update(max(map(len, drafts), default=0), accepted)
-        if lookup and not do_sample:  # how far the accepted path followed the lookup draft
+            self.length_policy.update(max(map(len, round_.drafts), default=0), accepted)
+        if lookup and not self.do_sample:  # how far the accepted path followed the lookup draft
             followed = 0
             while followed < min(len(path), len(lookup)) and int(tree.tokens[path[followed]]) == lookup[followed]:
                 followed += 1
-            lookup_rates.update(len(lookup), followed)
-        compact_cache(cache, len(tree), path)
-        if not do_sample and committed.shape[1] == 1:  # a round that read no prompt: its cost for `tree_budget`
-            drafter.tree_round_costs.record(len(tree), time.perf_counter() - round_start)
-        if conditioned:  # what the verifier read: the committed tokens and the accepted path
-            features = drafter.select_features(outputs.hidden_states)[0]
-            rows = torch.cat([torch.arange(committed.shape[1]), committed.shape[1] + torch.tensor(path, dtype=torch.long)])
-            read = torch.cat([committed[0], tree_tokens[path]])
-            drafter_cache.verifier_features.record(past, read, features[rows.to(features.device)])
+            self.lookup_acceptance.update(len(lookup), followed)
+        if not self.do_sample and round_.committed.shape[1] == 1:  # a round that read no prompt
+            self.drafter.tree_round_costs.record(len(tree), time.perf_counter() - round_.started)
 
-        new_tokens = torch.cat([tree_tokens[path], tree_tokens.new_tensor([next_token])])[None]
+    def record_features(self, round_: TreeRound, outputs, path: list[int]):
+        """Keep the verifier's features of what it read: the committed tokens and the accepted path."""
+        committed = round_.committed[0]
+        features = self.drafter.select_features(outputs.hidden_states)[0]
+        read_positions = torch.cat([torch.arange(len(committed)), len(committed) + torch.tensor(path, dtype=torch.long)])
+        read_tokens = torch.cat([committed, round_.tree.tokens.to(committed.device)[path]])
+        self.drafter_cache.verifier_features.record(round_.past, read_tokens,
+                                                    features[read_positions.to(features.device)])
+
+    def commit(self, input_ids: torch.LongTensor, round_: TreeRound, path: list[int], next_token: int,
+               target_scores: torch.Tensor) -> tuple[torch.LongTensor, bool]:
+        """Append the accepted path and the next token, cut where a stopping criterion fires, stream them."""
+        tokens = round_.tree.tokens.to(input_ids.device)
         start = input_ids.shape[1]
-        input_ids = torch.cat([input_ids, new_tokens], dim=1)
-        stop = _stop_index(input_ids, start, stopping_criteria)
+        new_tokens = torch.cat([tokens[path], tokens.new_tensor([next_token])])
+        input_ids = torch.cat([input_ids, new_tokens[None]], dim=1)
+        stop = _stop_index(input_ids, start, self.stopping_criteria)
         if stop is not None:
             input_ids = input_ids[:, :stop]
-        if output_scores:
-            rows = [0] + [1 + n for n in path]
-            all_scores += [target_scores[r][None] for r in rows][: input_ids.shape[1] - start]
-        if streamer is not None:
-            streamer.put(input_ids[:, start:].cpu())
-        if stop is not None:
-            break
-
-    stats.new_tokens += input_ids.shape[1] - prompt_len
-    if streamer is not None:
-        streamer.end()
-    if generation_config.return_dict_in_generate:
-        return GenerateDecoderOnlyOutput(sequences=input_ids, scores=tuple(all_scores) if output_scores else None,
-                                         past_key_values=cache)
-    return input_ids
+        if self.output_scores:
+            self.scores += [target_scores[row][None] for row in [0] + [1 + n for n in path]][: input_ids.shape[1] - start]
+        if self.streamer is not None:
+            self.streamer.put(input_ids[:, start:].cpu())
+        return input_ids, stop is not None
 
 
-def _linear_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
+# The K = 1 path runs transformers' private assisted-decoding loop (`GenerationMixin._assisted_decoding`, which asks
+# `self._get_candidate_generator` for its drafts). `assisted_loop` is the one place that touches it, written against
+# these versions (generation/utils.py of 5.23; pyproject pins the same range).
+ASSISTED_LOOP_VERSIONS = ("5.23.",)
+
+
+def assisted_loop(verifier, candidate_generator, input_ids, **kwargs):
+    """transformers' own assisted-decoding loop over `candidate_generator`'s drafts, for this call only."""
+    import transformers
+
+    if not transformers.__version__.startswith(ASSISTED_LOOP_VERSIONS):
+        raise RuntimeError(
+            f"The K = 1 path runs transformers' private assisted-decoding loop, written for transformers "
+            f"{' or '.join(v + 'x' for v in ASSISTED_LOOP_VERSIONS)}; this is {transformers.__version__}. Install "
+            "transformers>=5.23,<5.24, or use num_drafts > 1 or lookup_tokens > 0 (the tree loop is our own)."
+        )
+    verifier.__dict__["_get_candidate_generator"] = lambda *args, **kw: candidate_generator
+    try:
+        return GenerationMixin._assisted_decoding(verifier, input_ids, synced_gpus=False, **kwargs)
+    finally:
+        verifier.__dict__.pop("_get_candidate_generator", None)
+
+
+def _linear_decoding(verifier, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
                      draft_length, streamer, stats, model_kwargs):
     """K = 1: transformers' own `_assisted_decoding`, fed by `DiffusionCandidateGenerator`."""
     generator = DiffusionCandidateGenerator(drafter, generation_config, logits_processor, draft_length, stats)
-    model.__dict__["_get_candidate_generator"] = lambda *args, **kwargs: generator  # this call only
-    try:
-        result = GenerationMixin._assisted_decoding(
-            model, input_ids, logits_processor=logits_processor, stopping_criteria=stopping_criteria,
-            generation_config=generation_config, synced_gpus=False, streamer=streamer, **model_kwargs)
-    finally:
-        model.__dict__.pop("_get_candidate_generator", None)
+    result = assisted_loop(verifier, generator, input_ids, logits_processor=logits_processor,
+                           stopping_criteria=stopping_criteria, generation_config=generation_config,
+                           streamer=streamer, **model_kwargs)
     # The loop checks stop criteria once per round; cut where plain decoding would have stopped.
-    sequences = result.sequences if generation_config.return_dict_in_generate else result
+    as_dict = generation_config.return_dict_in_generate
+    sequences = result.sequences if as_dict else result
     stop = _stop_index(sequences, input_ids.shape[1], stopping_criteria)
     if stop is not None and stop < sequences.shape[1]:
-        if generation_config.return_dict_in_generate:
-            result.sequences = sequences[:, :stop]
+        sequences = sequences[:, :stop]
+        if as_dict:
+            result.sequences = sequences
             if result.scores is not None:
                 result.scores = result.scores[: stop - input_ids.shape[1]]
         else:
-            result = sequences[:, :stop]
-    stats.new_tokens += (result.sequences if generation_config.return_dict_in_generate else result).shape[1] \
-        - input_ids.shape[1]
+            result = sequences
+    stats.new_tokens += sequences.shape[1] - input_ids.shape[1]
     return result
 
 
@@ -602,7 +675,7 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
     if draft_length is not None and not 1 <= draft_length <= longest:
         raise ValueError(f"draft_length must be between 1 and the drafter's longest draft ({longest}), "
                          f"got {draft_length}")
-    _check_pair(model, drafter)
+    drafter.set_verifier(model)  # checks the pair; a dflash-layout drafter drafts with the verifier's weights
     stats = specdiff_stats if specdiff_stats is not None else SpecDiffStats()
     drafter.last_stats = stats
     if token_streamer is not None:  # as in transformers' generate: the prompt first (TextStreamer's skip_prompt)
@@ -610,22 +683,10 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
     if num_drafts == 1 and not lookup_tokens:
         return _linear_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
                                 draft_length, token_streamer, stats, model_kwargs)
-    return _tree_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
-                          num_drafts, draft_length, lookup_tokens, max_tree_nodes,
-                          token_streamer, stats, model_kwargs["past_key_values"])
-
-
-def _check_pair(model, drafter):
-    verifier_vocab = model.config.get_text_config().vocab_size
-    if drafter.config.vocab_size != verifier_vocab:
-        raise ValueError(
-            f"The drafter's vocab_size ({drafter.config.vocab_size}) differs from the verifier's ({verifier_vocab}): "
-            "use a drafter trained for this verifier's tokenizer."
-        )
-    if _is_conditioned(drafter):
-        drafter.check_verifier_layers(model)
-    if hasattr(drafter, "set_verifier"):  # a dflash-layout drafter drafts with the verifier's embeddings and head
-        drafter.set_verifier(model)
+    tree_decoding = TreeDecoding(model, drafter, generation_config, logits_processor, stopping_criteria,
+                                 num_drafts=num_drafts, draft_length=draft_length, lookup_tokens=lookup_tokens,
+                                 max_tree_nodes=max_tree_nodes, streamer=token_streamer, stats=stats)
+    return tree_decoding(input_ids, model_kwargs["past_key_values"])
 
 
 def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,

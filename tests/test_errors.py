@@ -21,6 +21,43 @@ def test_vocab_mismatch():
         small.generate(PROMPT, max_new_tokens=2)
 
 
+def test_vocab_mismatch_is_caught_on_every_entry_point():
+    import hf_specdiff
+
+    verifier = tiny_verifier("llama", vocab_size=96)
+    drafter = tiny_drafter(tiny_verifier("llama", vocab_size=128))
+    for options in ({}, {"num_drafts": 2}):
+        with pytest.raises(ValueError, match="vocab_size \\(128\\) differs from the verifier's \\(96\\)"):
+            hf_specdiff.generate(verifier, drafter, PROMPT, max_new_tokens=4, **options)
+    with pytest.raises(ValueError, match="vocab_size \\(128\\) differs"):
+        drafter.attach(verifier)
+
+
+def test_another_transformers_version_is_refused_on_the_private_loop(monkeypatch):
+    import transformers
+
+    import hf_specdiff
+
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier)
+    monkeypatch.setattr(transformers, "__version__", "5.24.0")
+    with pytest.raises(RuntimeError, match="written for transformers 5.23.x; this is 5.24.0"):
+        hf_specdiff.generate(verifier, drafter, PROMPT, max_new_tokens=4)
+    hf_specdiff.generate(verifier, drafter, PROMPT, max_new_tokens=4, num_drafts=2)  # the tree loop is our own
+
+
+def test_cli_prints_its_own_errors_as_one_line_and_others_whole(monkeypatch, capsys):
+    import json
+
+    from hf_specdiff import cli
+
+    assert cli.main(["demo", "--drafter", "/nonexistent/drafter"]) == 2
+    assert "hf-specdiff demo: error: no drafter at /nonexistent/drafter" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "cmd_setup", lambda args: json.loads("{"))  # a ValueError from another library
+    with pytest.raises(json.JSONDecodeError):
+        cli.main(["setup"])
+
+
 def test_special_token_mismatch():
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier)

@@ -310,11 +310,11 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         return self.lm_head
 
     def set_verifier(self, verifier) -> "SpecDiffDrafter":
-        """Give a `"dflash"`-layout drafter the verifier's embedding table and head, which it drafts with (they
-        stay the verifier's: not saved with the drafter, not trained). A no-op for drafters that own theirs.
-        `attach` and `hf_specdiff.generate` call it."""
+        """Pair this drafter with `verifier`: `check_verifier`, then give a `"dflash"`-layout drafter the verifier's
+        embedding table and head, which it drafts with (they stay the verifier's: not saved with the drafter, not
+        trained). `attach`, `hf_specdiff.generate` and the trainer call it."""
+        self.check_verifier(verifier)
         if self.config.uses_verifier_weights:
-            self.check_verifier_layers(verifier)
             self._verifier_weights = VerifierWeights(verifier, self.config.vocab_size)
         return self
 
@@ -447,12 +447,20 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         """The features [batch, seq, F] a conditioned drafter reads, from a verifier output's `hidden_states`."""
         return torch.cat([hidden_states[i] for i in self.verifier_hidden_states], dim=-1)
 
-    def check_verifier_layers(self, verifier):
-        """Raise `ValueError` if a conditioned drafter cannot read `verifier`'s layers (count or width differ)."""
+    def check_verifier(self, verifier):
+        """Raise `ValueError` naming the fix if this drafter cannot draft for `verifier` (a model or its config): another
+        vocabulary, or, for a conditioned drafter, verifier layers it cannot read (count or width differ)."""
         text = getattr(verifier, "config", verifier)
         text = text.get_text_config() if hasattr(text, "get_text_config") else text
-        if text.hidden_size != self.config.verifier_hidden_size or \
-                max(self.config.verifier_layer_ids) >= text.num_hidden_layers - 1:
+        if text.vocab_size != self.config.vocab_size:
+            raise ValueError(
+                f"The drafter's vocab_size ({self.config.vocab_size}) differs from the verifier's ({text.vocab_size}): "
+                "a drafter works only with the tokenizer (and padded vocabulary) it was made for. Train one for this "
+                "verifier with `hf-specdiff train --verifier ...`, or build its config with "
+                "`hf_specdiff.compat.drafter_config_for(verifier)`."
+            )
+        if self.config.is_conditioned and (text.hidden_size != self.config.verifier_hidden_size or
+                                           max(self.config.verifier_layer_ids) >= text.num_hidden_layers - 1):
             raise ValueError(
                 f"This drafter reads verifier layers {self.config.verifier_layer_ids} of width "
                 f"{self.config.verifier_hidden_size}, but the verifier has {text.num_hidden_layers} layers of width "
@@ -466,10 +474,9 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         single-sequence forward; they change no output, so the verifier can still be used without the drafter.
         `detach()` removes them. Returns the drafter. Standalone drafters need no attaching (it is a no-op).
         """
+        self.set_verifier(verifier)
         if not self.config.is_conditioned:
             return self
-        self.check_verifier_layers(verifier)
-        self.set_verifier(verifier)
         self.detach()
         self._hooks = VerifierHooks(verifier, self.config.verifier_layer_ids, VerifierFeatures())
         return self
