@@ -59,13 +59,15 @@ def make_block_diffusion_batch(
     noise: str = "full",
     generator: torch.Generator | None = None,
     conditioned: bool = False,
+    part: tuple[int, int] = (0, 1),
 ) -> BlockDiffusionBatch:
     """Noise `clean_ids` [batch, L] block by block and lay out the clean and noised copies for one forward
     (`conditioned`: the anchored noised blocks alone, for a drafter that reads the verifier's features).
 
     Noise modes: `"full"` masks whole blocks (drafting in one step, T=1); `"suffix"` masks each block from a random
     cut to its end (the state of left-to-right drafting at any step); `"random"` masks each token of a block with a
-    probability drawn uniformly per block (the MDLM forward process).
+    probability drawn uniformly per block (the MDLM forward process). `part=(index, count)`: `clean_ids` are rows
+    index, index + count, ... of a global batch, and get the noise those rows get when the whole batch is noised.
     """
     if noise not in NOISE_MODES:
         raise ValueError(f"noise must be one of {NOISE_MODES}, got {noise!r}")
@@ -79,16 +81,18 @@ def make_block_diffusion_batch(
     blocks = slice(offset, offset + num_blocks * block_size)
     targets = clean_ids[:, blocks].reshape(batch, num_blocks, block_size)
 
-    if noise == "full":
-        ratio = torch.ones(batch, num_blocks, 1, device=device)
-        masked = torch.ones_like(targets, dtype=torch.bool)
-    elif noise == "suffix":
-        cut = torch.randint(0, block_size, (batch, num_blocks, 1), generator=generator).to(device)
+    index, count = part
+    mine = slice(index, None, count)
+    if noise == "suffix":
+        cut = torch.randint(0, block_size, (batch * count, num_blocks, 1), generator=generator)[mine].to(device)
         masked = torch.arange(block_size, device=device) >= cut
         ratio = (block_size - cut).float() / block_size
-    else:
-        ratio = torch.rand(batch, num_blocks, 1, generator=generator).to(device).clamp_min(1e-3)
-        masked = torch.rand(targets.shape, generator=generator).to(device) < ratio
+    elif noise == "random":
+        ratio = torch.rand(batch * count, num_blocks, 1, generator=generator)[mine].to(device).clamp_min(1e-3)
+        masked = torch.rand(batch * count, num_blocks, block_size, generator=generator)[mine].to(device) < ratio
+    else:  # full
+        ratio = torch.ones(batch, num_blocks, 1, device=device)
+        masked = torch.ones_like(targets, dtype=torch.bool)
     noisy = clean_ids.clone()
     noisy[:, blocks] = torch.where(masked, mask_token_index, targets).reshape(batch, -1)
     positions = torch.arange(length, device=device).expand(batch, -1)

@@ -14,8 +14,8 @@ import os
 import platform
 import shutil
 import time
+import warnings
 from contextlib import nullcontext
-from functools import partial
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -74,7 +74,8 @@ class TrainConfig:
     num_denoising_steps: int = 1
     noise: str = field(default="full", metadata={"help": f"block noising: {NOISE_MODES} (full for T=1)"})
     seq_len: int = field(default=256, metadata={"help": "tokens per training window"})
-    batch_size: int = 8
+    batch_size: int = field(default=8, metadata={"help": "windows per optimizer step (per micro-batch with "
+                                                         "grad_accum), over all processes together"})
     grad_accum: int = 1
     lr: float = 1e-3
     warmup_steps: int = 50
@@ -257,26 +258,32 @@ def split_rows(rows: list[dict], eval_fraction: float) -> tuple[list[dict], list
     return [r for r in rows if r["prompt_index"] not in held], [r for r in rows if r["prompt_index"] in held]
 
 
-def sample_windows(rows: list[dict], batch_size: int, seq_len: int, pad_id: int,
-                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+def sample_windows(rows: list[dict], batch_size: int, seq_len: int, pad_id: int, generator: torch.Generator,
+                   part: tuple[int, int] = (0, 1)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """A batch of `seq_len`-token windows over prompt + response: ids [B, seq_len], valid [B, seq_len], and the
     verifier features of those tokens [B, seq_len, F] when the rows carry them (`feature_cache`), else None.
 
     Windows end inside the response (where drafting happens); shorter sequences are right-padded (invalid).
+    `part=(index, count)` keeps every count-th window from the index-th: one process's share of a global batch
+    (the same draws in every process, so any number of processes trains on the same windows).
     """
-    ids = torch.full((batch_size, seq_len), pad_id, dtype=torch.long)
-    valid = torch.zeros(batch_size, seq_len, dtype=torch.bool)
+    index, count = part
+    mine = range(index, batch_size, count)
+    ids = torch.full((len(mine), seq_len), pad_id, dtype=torch.long)
+    valid = torch.zeros(len(mine), seq_len, dtype=torch.bool)
     cached = "features" in rows[0]
-    features = torch.zeros(batch_size, seq_len, rows[0]["features"].shape[-1]) if cached else None
+    features = torch.zeros(len(mine), seq_len, rows[0]["features"].shape[-1]) if cached else None
     picks = torch.randint(len(rows), (batch_size,), generator=generator).tolist()
-    for b, index in enumerate(picks):
-        row = rows[index]
+    for b, pick in enumerate(picks):
+        row = rows[pick]
         sequence = row["prompt_ids"] + row["response_ids"]
         end = len(sequence)
         if len(sequence) > seq_len:
             first_end = max(seq_len, len(row["prompt_ids"]) + 1)
             end = int(torch.randint(first_end, len(sequence) + 1, (1,), generator=generator))
-        start = max(0, end - seq_len)
+        if b % count != index:
+            continue
+        start, b = max(0, end - seq_len), b // count
         ids[b, : end - start] = torch.tensor(sequence[start:end])
         valid[b, : end - start] = True
         if cached:
@@ -289,9 +296,11 @@ def sample_windows(rows: list[dict], batch_size: int, seq_len: int, pad_id: int,
 
 
 def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, config: TrainConfig,
-                  generator: torch.Generator, verifier=None, features: torch.Tensor | None = None) -> torch.Tensor:
+                  generator: torch.Generator, verifier=None, features: torch.Tensor | None = None,
+                  part: tuple[int, int] = (0, 1)) -> torch.Tensor:
     """The configured objective on one batch of windows. `model` is what to call (the drafter, or its DDP
-    wrapper); `drafter` the unwrapped drafter; `features` the verifier's cached features of the windows, if any."""
+    wrapper); `drafter` the unwrapped drafter; `features` the verifier's cached features of the windows, if any;
+    `part` which rows of the global batch the windows are (`make_block_diffusion_batch`)."""
     if config.kind == "ar":  # next-token cross-entropy on valid positions
         logits = model(input_ids=clean, attention_mask=valid.long()).logits[:, :-1]
         targets = clean[:, 1:].masked_fill(~valid[:, 1:], -100)
@@ -303,14 +312,14 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
     if conditioned and features is None:
         features = drafter.select_features(teacher.hidden_states)
     if config.objective == "mdlm":  # random masking ratios; the unaligned SpecDiff objective
-        return _mdlm(model, drafter, clean, valid, config, generator, features)
-    batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator, conditioned)
+        return _mdlm(model, drafter, clean, valid, config, generator, features, part)
+    batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator, conditioned, part)
     logits = block_logits(model, batch, features)
     targets = drafter.to_draft_vocab(batch.targets)
     targets = targets.masked_fill(~valid[:, batch.block_slice].reshape(targets.shape), -1)
     loss = streak_loss(logits, targets) if config.objective == "streak" else ce_streak_loss(logits, targets)
     if config.mdlm_weight:
-        loss = loss + config.mdlm_weight * _mdlm(model, drafter, clean, valid, config, generator, features)
+        loss = loss + config.mdlm_weight * _mdlm(model, drafter, clean, valid, config, generator, features, part)
     if config.kl_weight:
         # the verifier's logit at position t-1 predicts token t
         shifted = torch.cat([teacher.logits[:, :1], teacher.logits[:, :-1]], dim=1)[:, batch.block_slice]
@@ -321,9 +330,9 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
     return loss
 
 
-def _mdlm(model, drafter, clean, valid, config, generator, features=None):
+def _mdlm(model, drafter, clean, valid, config, generator, features=None, part=(0, 1)):
     batch = make_block_diffusion_batch(clean, config.block_size, drafter.config.mask_token_index, "random", generator,
-                                       drafter.config.is_conditioned)
+                                       drafter.config.is_conditioned, part)
     targets = drafter.to_draft_vocab(batch.targets)
     targets = targets.masked_fill(~valid[:, batch.block_slice].reshape(targets.shape), -1)
     return mdlm_loss(block_logits(model, batch, features), targets, batch.masked, batch.mask_ratio)
@@ -398,20 +407,78 @@ def latest_checkpoint(out: Path) -> Path | None:
 # The run
 
 
+@dataclass
+class TrainingRun:
+    """The state of one training run, as `train`'s named steps build and advance it."""
+
+    config: TrainConfig
+    accelerator: object
+    meta: dict
+    rows: list[dict]
+    train_rows: list[dict]
+    eval_rows: list[dict]
+    verifier: object  # None once neither features nor targets are needed from it
+    drafter: object  # the unwrapped drafter
+    model: object = None  # what to call: the drafter, or its distributed wrapper
+    optimizer: object = None
+    scheduler: object = None
+    start: int = 0  # the step the run starts (or resumes) at
+    eval_windows: tuple | None = None
+
+    @property
+    def out(self) -> Path:
+        return Path(self.config.out)
+
+    @property
+    def pad_id(self) -> int:
+        return self.drafter.config.pad_token_id if self.drafter.config.pad_token_id is not None else 0
+
+
 def train(config: TrainConfig, progress: bool = True) -> Path:
     """Train a drafter as `config` says; resumes from `config.out/checkpoint` if one is there. Returns `out`."""
     from accelerate import Accelerator
-    from transformers import AutoModelForCausalLM, get_cosine_schedule_with_warmup
-
-    from .verifiers import load_verifier
 
     _validate(config)
-    out = Path(config.out)
     # bf16 autocast is ours rather than accelerate's, so several runs can share one process (accelerate keeps one
     # global state per process and refuses a second mixed-precision setting).
-    accelerator = Accelerator()
-    autocast = partial(torch.autocast, device_type=accelerator.device.type, dtype=torch.bfloat16,
-                       enabled=config.precision == "bf16")
+    accelerator = Accelerator(cpu=_several_cpu_processes())
+    if config.batch_size % accelerator.num_processes:
+        raise ValueError(f"batch_size {config.batch_size} is the global batch: it must divide evenly over the "
+                         f"{accelerator.num_processes} processes")
+    run = _load_run(config, accelerator, progress)
+    _prepare_optimization(run)
+    show = progress and run.accelerator.is_main_process
+    run.out.mkdir(parents=True, exist_ok=True)
+    log = (run.out / "log.jsonl").open("a") if run.accelerator.is_main_process else None
+    if log is not None and run.eval_windows is not None and run.start == 0 and init_folder(config) is not None:
+        _write_log(log, {"step": 0, **_held_out(run)})  # where the drafter trained further starts from
+    began = time.time()
+    bar = tqdm(total=config.max_steps, initial=run.start, desc="train", disable=not show)
+    for step in range(run.start, config.max_steps):
+        loss = training_step(run, step)
+        done = step + 1
+        record = {"step": done, "loss": round(loss, 5), "lr": run.scheduler.get_last_lr()[0]}
+        if run.eval_windows is not None and (done % config.eval_every == 0 or done == config.max_steps):
+            record.update(_held_out(run))
+        if done % config.log_every == 0 or "greedy_streak" in record:
+            _write_log(log, record)
+        bar.set_postfix(loss=f"{loss:.3f}", **({"streak": f"{record['greedy_streak']:.2f}"}
+                                               if "greedy_streak" in record else {}))
+        bar.update(1)
+        if run.accelerator.is_main_process and done % config.save_every == 0 and done < config.max_steps:
+            save_checkpoint(run.out, run.drafter, run.optimizer, run.scheduler, done, config)
+        run.accelerator.wait_for_everyone()
+    bar.close()
+    if run.accelerator.is_main_process:
+        _save_result(run, time.time() - began)
+        log.close()
+    return run.out
+
+
+def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
+    """The data (checked against the verifier, split), and the drafter: resumed from a checkpoint, or built."""
+    from .verifiers import load_verifier
+
     meta, rows = load_distill_data(config.data)
     verifier, _ = load_verifier(config.verifier, dtype=torch.float32)
     identity = verifier_identity(verifier)
@@ -422,108 +489,139 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
     train_rows = train_rows[: config.max_train_rows or None]
     if not train_rows:
         raise ValueError("no training rows left after the held-out split: lower eval_fraction or add prompts")
-
-    checkpoint = latest_checkpoint(out)
-    if checkpoint is not None:
-        saved = json.loads((checkpoint / "state.json").read_text())
-        if saved["config"] != asdict(config):
-            changed = {k for k in saved["config"] if saved["config"][k] != asdict(config).get(k)}
-            raise ValueError(f"{out} holds a checkpoint of a run with other settings ({sorted(changed)}): "
-                             "use another --out, or the same settings to resume")
-        drafter = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
-        if hasattr(drafter, "set_verifier"):
-            drafter.set_verifier(verifier)
-        start = saved["step"]
-    else:
-        drafter = build_drafter(config, verifier, train_rows)
-        start = 0
+    drafter, start = _resume_or_build(config, verifier, train_rows)
+    run = TrainingRun(config, accelerator, meta, rows, train_rows, eval_rows, verifier, drafter, start=start)
     cached = config.feature_cache and config.kind == "diffusion" and drafter.config.is_conditioned
     if cached:
         with accelerator.main_process_first():
             attach_features(config.data, verifier, drafter, rows, progress and accelerator.is_main_process)
     if not config.kl_weight and (not config.verifier_layers or cached):
-        del verifier  # a dflash drafter keeps the verifier's embeddings and head
-        verifier = None
+        run.verifier = None  # a dflash drafter keeps the verifier's embeddings and head
     elif config.precision == "bf16":
         verifier.to(torch.bfloat16)  # it only gives targets or features: half the cost
-    drafter.train()
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    if eval_rows and config.kind == "diffusion":
+        run.eval_windows = sample_windows(eval_rows, min(64, 4 * len(eval_rows)), config.seq_len, run.pad_id,
+                                          torch.Generator().manual_seed(config.seed))
+    return run
+
+
+def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict]) -> tuple[object, int]:
+    """(drafter, start step): the checkpoint in `config.out` if there is one (of a run with the same settings)."""
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = latest_checkpoint(Path(config.out))
+    if checkpoint is None:
+        return build_drafter(config, verifier, train_rows), 0
+    saved = json.loads((checkpoint / "state.json").read_text())
+    if saved["config"] != asdict(config):
+        changed = {k for k in saved["config"] if saved["config"][k] != asdict(config).get(k)}
+        raise ValueError(f"{config.out} holds a checkpoint of a run with other settings ({sorted(changed)}): "
+                         "use another --out, or the same settings to resume")
+    drafter = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    if config.kind == "diffusion":
+        drafter.set_verifier(verifier)
+    return drafter, saved["step"]
+
+
+def _prepare_optimization(run: TrainingRun):
+    """AdamW and a cosine schedule with warm-up (restored when resuming), prepared by accelerate."""
+    from transformers import get_cosine_schedule_with_warmup
+
+    config = run.config
+    run.drafter.train()
+    optimizer = torch.optim.AdamW(run.drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.max_steps)
+    checkpoint = latest_checkpoint(run.out) if run.start else None
     if checkpoint is not None:
         state = torch.load(checkpoint / "trainer.pt", weights_only=True)  # tensors and plain containers only
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-    model, optimizer, scheduler = accelerator.prepare(drafter, optimizer, scheduler)
-    drafter = accelerator.unwrap_model(model)
-    pad_id = drafter.config.pad_token_id if drafter.config.pad_token_id is not None else 0
-    eval_windows = sample_windows(eval_rows, min(64, 4 * len(eval_rows)), config.seq_len, pad_id,
-                                  torch.Generator().manual_seed(config.seed)) if eval_rows else None
+    # The scheduler stays unprepared: accelerate would step it once per process, for per-process batches.
+    run.model, run.optimizer = run.accelerator.prepare(run.drafter, optimizer)
+    run.scheduler = scheduler
+    run.drafter = run.accelerator.unwrap_model(run.model)
 
-    out.mkdir(parents=True, exist_ok=True)
-    log = (out / "log.jsonl").open("a") if accelerator.is_main_process else None
-    evaluate = eval_windows is not None and config.kind == "diffusion"
-    if evaluate and start == 0 and log is not None and init_folder(config) is not None:
-        model.eval()  # where the drafter trained further starts from, to compare with the later evaluations
-        log.write(json.dumps({"step": 0, **held_out_metrics(drafter, eval_windows, config.block_size, verifier)}) + "\n")
-        model.train()
-    began = time.time()
-    bar = tqdm(total=config.max_steps, initial=start, desc="train", disable=not (progress and accelerator.is_main_process))
-    for step in range(start, config.max_steps):
-        generator = torch.Generator().manual_seed((config.seed * 1_000_003 + step) * 1009 + accelerator.process_index)
-        total = 0.0
-        for micro in range(config.grad_accum):
-            clean, valid, features = sample_windows(train_rows, config.batch_size, config.seq_len, pad_id, generator)
-            clean, valid = clean.to(accelerator.device), valid.to(accelerator.device)
-            features = features.to(accelerator.device) if features is not None else None
-            sync = micro == config.grad_accum - 1  # all-reduce gradients on the last micro-batch only
-            with autocast(), (nullcontext() if sync else accelerator.no_sync(model)):
-                loss = training_loss(model, drafter, clean, valid, config, generator, verifier,
-                                     features) / config.grad_accum
-                accelerator.backward(loss)
-            total += loss.item()
-        if not math.isfinite(total):
-            raise FloatingPointError(f"loss is {total} at step {step}: lower lr, or check the data")
-        accelerator.clip_grad_norm_(model.parameters(), config.max_grad_norm)
-        optimizer.step()
-        scheduler.step()
-        optimizer.zero_grad()
-        done = step + 1
-        record = {"step": done, "loss": round(total, 5), "lr": scheduler.get_last_lr()[0]}
-        if evaluate and (done % config.eval_every == 0 or done == config.max_steps):
-            model.eval()
-            record.update(held_out_metrics(drafter, eval_windows, config.block_size, verifier))
-            model.train()
-        if log is not None and (done % config.log_every == 0 or "greedy_streak" in record):
-            log.write(json.dumps(record) + "\n")
-            log.flush()
-        bar.set_postfix(loss=f"{total:.3f}", **({"streak": f"{record['greedy_streak']:.2f}"}
-                                                if "greedy_streak" in record else {}))
-        bar.update(1)
-        if accelerator.is_main_process and (done % config.save_every == 0 and done < config.max_steps):
-            save_checkpoint(out, drafter, optimizer, scheduler, done, config)
-        accelerator.wait_for_everyone()
-    bar.close()
 
-    if accelerator.is_main_process:
-        drafter.eval().save_pretrained(out)
-        recipe = {"config": asdict(config), "steps": config.max_steps, "resumed_from_step": start,
-                  "wall_time_s": round(time.time() - began, 1), "machine": _machine(accelerator),
-                  "data": {"rows": len(rows), "train_rows": len(train_rows), "held_out_rows": len(eval_rows),
-                           "verifier": meta["verifier"], "settings": meta["settings"]}}
-        folder = init_folder(config)
-        if folder is not None and (folder / "training_recipe.json").is_file():  # how the drafter it started from was made
-            recipe["init_recipe"] = json.loads((folder / "training_recipe.json").read_text())
-        (out / "training_recipe.json").write_text(json.dumps(recipe, indent=2))
-        save_checkpoint(out, drafter, optimizer, scheduler, config.max_steps, config)
-        log.close()
-    return out
+def training_step(run: TrainingRun, step: int) -> float:
+    """One optimizer step over `grad_accum` micro-batches of `batch_size` windows (the global batch: each process
+    trains on its share). The windows are drawn from a generator seeded by (seed, step), the same in every process,
+    the noise as well, each process keeping its rows', so the run does not depend on the number of processes.
+    Returns the step's loss, averaged over processes."""
+    config, accelerator = run.config, run.accelerator
+    windows = torch.Generator().manual_seed(config.seed * 1_000_003 + step)
+    noise = torch.Generator().manual_seed((config.seed * 1_000_003 + step) * 1009)
+    part = (accelerator.process_index, accelerator.num_processes)
+    total = 0.0
+    for micro in range(config.grad_accum):
+        clean, valid, features = sample_windows(run.train_rows, config.batch_size, config.seq_len, run.pad_id,
+                                                windows, part)
+        clean, valid = clean.to(accelerator.device), valid.to(accelerator.device)
+        features = features.to(accelerator.device) if features is not None else None
+        sync = micro == config.grad_accum - 1  # all-reduce gradients on the last micro-batch only
+        autocast = torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
+        with autocast, (nullcontext() if sync else accelerator.no_sync(run.model)):
+            loss = training_loss(run.model, run.drafter, clean, valid, config, noise, run.verifier, features,
+                                 part) / config.grad_accum
+            accelerator.backward(loss)
+        total += loss.item()
+    if accelerator.num_processes > 1:
+        total = accelerator.reduce(torch.tensor(total, device=accelerator.device), reduction="mean").item()
+    if not math.isfinite(total):
+        raise FloatingPointError(f"loss is {total} at step {step}: lower lr, or check the data")
+    accelerator.clip_grad_norm_(run.model.parameters(), config.max_grad_norm)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad()
+    return total
+
+
+def _held_out(run: TrainingRun) -> dict:
+    run.model.eval()
+    metrics = held_out_metrics(run.drafter, run.eval_windows, run.config.block_size, run.verifier)
+    run.model.train()
+    return metrics
+
+
+def _write_log(log, record: dict):
+    if log is not None:
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+
+
+def _save_result(run: TrainingRun, seconds: float):
+    """The trained drafter, its training recipe (with the recipe of the drafter it started from) and a checkpoint."""
+    config, out = run.config, run.out
+    run.drafter.eval().save_pretrained(out)
+    recipe = {"config": asdict(config), "steps": config.max_steps, "resumed_from_step": run.start,
+              "wall_time_s": round(seconds, 1), "machine": _machine(run.accelerator),
+              "data": {"rows": len(run.rows), "train_rows": len(run.train_rows), "held_out_rows": len(run.eval_rows),
+                       "verifier": run.meta["verifier"], "settings": run.meta["settings"]}}
+    folder = init_folder(config)
+    if folder is not None and (folder / "training_recipe.json").is_file():
+        recipe["init_recipe"] = json.loads((folder / "training_recipe.json").read_text())
+    (out / "training_recipe.json").write_text(json.dumps(recipe, indent=2))
+    save_checkpoint(out, run.drafter, run.optimizer, run.scheduler, config.max_steps, config)
+
+
+def _several_cpu_processes() -> bool:
+    """Whether this is one of several processes on a machine without a GPU (`accelerate launch --multi_gpu` or
+    `torchrun` there): accelerate then needs `cpu=True` to join them (gloo); without it each would train alone."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1 and os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("true", "1") and \
+            "MASTER_PORT" in os.environ:
+        warnings.warn("`accelerate launch --cpu --num_processes N` starts one process (accelerate's multi-CPU launch "
+                      "needs mpirun): for N CPU processes use `accelerate launch --multi_gpu --num_processes N` or "
+                      "`torchrun --nproc_per_node N`")
+    return world_size > 1 and not torch.cuda.is_available()
 
 
 def _machine(accelerator) -> str:
     device = accelerator.device
     if device.type == "cuda":
         return f"{accelerator.num_processes} x {torch.cuda.get_device_name(device)}"
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads {torch.get_num_threads()}"
+    processes = f", {accelerator.num_processes} processes" if accelerator.num_processes > 1 else ""
+    return (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch threads "
+            f"{torch.get_num_threads()}{processes}")
 
 
 def _validate(config: TrainConfig):
