@@ -2,6 +2,8 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `pytest -n N`: share the cores, in this process and its children
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -1,6 +1,9 @@
 """Tiny random verifiers and briefly trained drafters, built in-process (no hub)."""
 
 import functools
+import subprocess
+import sys
+import textwrap
 
 import torch
 from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM,
@@ -75,6 +78,22 @@ def trained_dflash(arch: str):
 
 
 DFLASH_PROMPTS = torch.randint(4, 96, (12, 6), generator=torch.Generator().manual_seed(7))
+PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(2))
+
+
+def any_verifier(arch: str):
+    """A tiny verifier of `arch`: one of ARCHS, "qwen3", or "gemma3" (sliding-window layers)."""
+    return tiny_gemma3() if arch == "gemma3" else tiny_verifier(arch)
+
+
+@functools.cache
+def trained_standalone(arch: str):
+    """(verifier, standalone drafter with block 16 trained briefly on its greedy continuations of PROMPTS), built
+    once per test session and shared by the tests that only read them."""
+    verifier = any_verifier(arch)
+    drafter = tiny_drafter(verifier, block_size=16)
+    train_briefly(drafter, greedy_sequences(verifier, PROMPTS, 48), steps=150)
+    return verifier, drafter
 
 
 def greedy_sequences(verifier, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
@@ -169,3 +188,18 @@ class CollectingStreamer:
 
     def end(self):
         self.ended = True
+
+
+def run_as_remote_code(folder, verifier, drafter, body: str):
+    """Save `verifier` and `drafter` in `folder` and run `body` in a fresh Python that cannot import hf_specdiff, with
+    `torch`, `verifier` and `drafter` (loaded with trust_remote_code, as a Hub user gets it) in scope."""
+    verifier.save_pretrained(folder / "verifier")
+    drafter.save_pretrained(folder / "drafter")
+    script = textwrap.dedent(f"""
+        import sys, torch
+        sys.modules["hf_specdiff"] = None  # the package must not be importable
+        from transformers import AutoModelForCausalLM
+        verifier = AutoModelForCausalLM.from_pretrained({str(folder / "verifier")!r}).eval()
+        drafter = AutoModelForCausalLM.from_pretrained({str(folder / "drafter")!r}, trust_remote_code=True).eval()
+    """) + textwrap.dedent(body)
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=folder)

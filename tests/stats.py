@@ -3,6 +3,12 @@
 import torch
 from scipy.stats import chisquare
 
+# Generations per chi-square test. Sized by power: the deliberate bugs the `*_catches_*` tests plant shift the
+# joint of the first two tokens (8 x 8 cells) by a noncentrality of 0.13-0.28 per generation (measured at 1,200
+# generations: chi-square 161-360 on 7-24 degrees of freedom). At 400 generations the test at p < 1e-3 rejects the
+# weakest of them with probability 0.997 (scipy ncx2), so a correctness test of the same size would catch such a bug too.
+SAMPLES = 400
+
 
 def exact_first_two(verifier, prompt: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """Exact joint distribution [V, V] of the first two tokens sampled from `verifier` after `prompt` [1, L]."""

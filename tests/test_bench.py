@@ -9,6 +9,7 @@ from hf_specdiff.bench import bench_methods, benchmark, read_spec_bench, save
 from helpers import tiny_dflash_drafter, greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 
+@pytest.mark.slow
 def test_bench_runs_every_method_and_writes_results(tmp_path):
     questions = tmp_path / "question.jsonl"
     with questions.open("w") as f:

@@ -10,7 +10,7 @@ from hf_specdiff.generation_specdiff import VerifierFeatures, VerifierHooks
 from hf_specdiff.training import verifier_features
 from helpers import (greedy_sequences, sampled_sequences, sharp_verifier, tiny_drafter, tiny_gemma3, tiny_verifier,
                      train_briefly)
-from stats import chi_square_pvalue, exact_first_two
+from stats import SAMPLES, chi_square_pvalue, exact_first_two
 
 PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(5))
 VERIFIERS = {"llama": lambda: tiny_verifier("llama"), "qwen2": lambda: tiny_verifier("qwen2"), "gemma3": tiny_gemma3}
@@ -152,7 +152,7 @@ def test_errors_name_the_fix(trained):
 
 # ---- sampling ------------------------------------------------------------------------------------------------
 
-VOCAB, SAMPLES = 8, 1000
+VOCAB = 8
 
 
 @pytest.fixture(scope="module")

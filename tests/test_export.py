@@ -42,6 +42,7 @@ def trained():
     return trained_dflash
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_transformers_export_runs_without_hf_specdiff(trained, arch, tmp_path):
     """In a process that never imports hf_specdiff, the export loads with AutoModel and, through transformers'

@@ -10,7 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, pipeline
 
 import hf_specdiff
-from helpers import greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
+from helpers import greedy_sequences, run_as_remote_code, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 INPUT = torch.tensor([[5, 9, 14, 3, 3, 70, 12]])
 
@@ -40,6 +40,7 @@ def test_saved_folder_is_hub_ready(saved):
                    for line in imports), imports
 
 
+@pytest.mark.slow
 def test_fresh_process_loads_with_trust_remote_code(saved, tmp_path):
     drafter, path = saved
     with torch.no_grad():
@@ -62,19 +63,13 @@ def test_fresh_process_loads_with_trust_remote_code(saved, tmp_path):
     assert torch.equal(got["draft"], expected_draft)
 
 
+@pytest.mark.slow
 def test_conditioned_drafter_attaches_from_remote_code(tmp_path):
     """A conditioned drafter loaded as remote code (no hf_specdiff) drafts through `assistant_model=drafter.attach`."""
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier, block_size=8, conditioned=True)
     train_briefly(drafter, greedy_sequences(verifier, torch.randint(3, 96, (8, 6)), 30), steps=60, verifier=verifier)
-    verifier.save_pretrained(tmp_path / "verifier")
-    drafter.save_pretrained(tmp_path / "drafter")
-    script = textwrap.dedent(f"""
-        import sys, torch
-        sys.modules["hf_specdiff"] = None
-        from transformers import AutoModelForCausalLM
-        verifier = AutoModelForCausalLM.from_pretrained({str(tmp_path / "verifier")!r}).eval()
-        drafter = AutoModelForCausalLM.from_pretrained({str(tmp_path / "drafter")!r}, trust_remote_code=True).eval()
+    run_as_remote_code(tmp_path, verifier, drafter, f"""
         kwargs = dict(max_new_tokens=24, do_sample=False, eos_token_id=None)
         plain = verifier.generate(torch.tensor({INPUT.tolist()}), **kwargs)
         calls = []
@@ -83,7 +78,6 @@ def test_conditioned_drafter_attaches_from_remote_code(tmp_path):
         drafter.detach()
         assert fast.tolist() == plain.tolist() and len(calls) > 1, (fast, plain, calls)
     """)
-    subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
 
 
 def test_import_registers_auto_classes(saved):

@@ -35,6 +35,7 @@ def test_converted_folder_is_cached_and_plain(smollm2):
     assert model.config.vocab_size == 49152 and tokenizer.eos_token == "<|im_end|>"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("conditioned", [False, True])
 def test_drafter_is_exact_on_the_real_verifier(smollm2, conditioned):
     model, tokenizer = smollm2
@@ -55,6 +56,7 @@ def test_drafter_is_exact_on_the_real_verifier(smollm2, conditioned):
                                 num_drafts=4).tolist() == plain.tolist()
 
 
+@pytest.mark.slow
 def test_demo_command(smollm2, tmp_path, capsys):
     from hf_specdiff.cli import main
 
@@ -83,6 +85,7 @@ def test_missing_gguf_package_names_the_fix(monkeypatch, tmp_path, capsys):
     assert "needs the gguf package" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_dflash_layout_is_exact_on_the_real_verifier_and_through_its_export(smollm2, tmp_path):
     """A dflash-layout drafter for SmolLM2 (its width, embeddings, head; layer 0 copied from it): exact through our
     loops, transformers' DFlash loop, and, in a process without hf_specdiff, its transformers export."""

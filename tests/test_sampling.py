@@ -5,11 +5,10 @@ import torch
 
 import hf_specdiff.generation_specdiff as generation
 from helpers import sampled_sequences, sharp_verifier, tiny_drafter, train_briefly
-from stats import chi_square_pvalue, exact_first_two
+from stats import SAMPLES, chi_square_pvalue, exact_first_two
 
 VOCAB = 8
-SAMPLES = 1200
-pytestmark = pytest.mark.slow  # statistical: about 1,200 generations a test
+pytestmark = pytest.mark.slow  # statistical: SAMPLES generations a test
 
 
 def sample_pairs(verifier, drafter, prompt):

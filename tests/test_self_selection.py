@@ -10,32 +10,23 @@ from transformers import StopStringCriteria
 import hf_specdiff
 import hf_specdiff.decoding as decoding
 from hf_specdiff.generation_specdiff import AcceptanceRates, DraftLengthPolicy
-from helpers import (ARCHS, CollectingStreamer, greedy_sequences, sampled_sequences, sharp_verifier, tiny_drafter,
-                     tiny_gemma3, tiny_tokenizer, tiny_verifier, train_briefly)
-from stats import chi_square_pvalue, exact_first_two
+from helpers import (ARCHS, PROMPTS, CollectingStreamer, sampled_sequences, sharp_verifier, tiny_drafter, tiny_tokenizer,
+                     tiny_verifier, train_briefly, trained_standalone)
+from stats import SAMPLES, chi_square_pvalue, exact_first_two
 
-PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(2))
-VERIFIERS = {**{arch: (lambda arch=arch: tiny_verifier(arch)) for arch in ARCHS}, "gemma3": tiny_gemma3}
+VERIFIERS = (*ARCHS, "gemma3")
 
 
 @pytest.fixture(scope="module")
 def trained():
-    cache = {}
-
-    def get(arch):
-        if arch not in cache:
-            verifier = VERIFIERS[arch]()
-            drafter = tiny_drafter(verifier, block_size=16)
-            train_briefly(drafter, greedy_sequences(verifier, PROMPTS, 48), steps=120)
-            cache[arch] = verifier, drafter
-        return cache[arch]
-
-    return get
+    return trained_standalone
 
 
-@pytest.mark.parametrize("arch", list(VERIFIERS))
-@pytest.mark.parametrize("num_drafts", [1, 2, 8])
-@pytest.mark.parametrize("draft_length", [1, 4, 16])
+# Each architecture with each K and each draft length, and every (K, draft length) pair, without the full product.
+GREEDY_CASES = [(arch, k, (1, 4, 16)[(i + j) % 3]) for i, arch in enumerate(VERIFIERS) for j, k in enumerate((1, 2, 8))]
+
+
+@pytest.mark.parametrize("arch,num_drafts,draft_length", GREEDY_CASES)
 def test_greedy_equals_plain(trained, arch, num_drafts, draft_length):
     verifier, drafter = trained(arch)
     for i, prompt in enumerate(PROMPTS[:2].split(1)):
@@ -232,7 +223,7 @@ def test_errors(trained):
 
 # ---- sampling ------------------------------------------------------------------------------------------------
 
-VOCAB, SAMPLES = 8, 1200
+VOCAB = 8
 
 
 @pytest.fixture(scope="module")
@@ -311,7 +302,13 @@ def test_committed_custom_generate_folder_is_current():
     folder = Path(__file__).resolve().parents[1] / "model_cards" / "specdiff-generate"
     assert (folder / "custom_generate" / "generate.py").read_text() == Path(decoding.__file__).read_text(), \
         "regenerate with: python -c \"import hf_specdiff; hf_specdiff.export_custom_generate('model_cards/specdiff-generate')\""
-    assert (folder / "README.md").read_text() == hf_specdiff.hub.CUSTOM_GENERATE_README
+    readme = (folder / "README.md").read_text()
+    assert readme == hf_specdiff.hub.CUSTOM_GENERATE_README
+    import inspect
+
+    own = [name for name, p in inspect.signature(decoding.generate).parameters.items()
+           if p.kind is p.KEYWORD_ONLY or name == "drafter"]
+    assert len(own) >= 7 and not [name for name in own if f"`{name}`" not in readme]  # every argument of ours
 
 
 def test_draft_length_adapts_to_measured_acceptance():
