@@ -443,7 +443,7 @@ class TreeDecoding:
         self.do_sample = bool(generation_config.do_sample)
         self.conditioned = drafter.config.is_conditioned
         self.length_policy = drafter.new_length_policy(fixed=draft_length)
-        self.lookup_acceptance = drafter.new_length_policy(max(lookup_tokens, 1)).acceptance  # by depth
+        self.lookup_acceptance = drafter.new_acceptance_rates(max(lookup_tokens, 1))  # by depth
         self.drafter_cache = drafter.new_cache()
         self.output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
         self.scores: list[torch.Tensor] = []

@@ -31,8 +31,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_specdiff import SpecDiffConfig
-from .generation_specdiff import (AssistantRounds, DraftLengthPolicy, RoundCosts, SpecDiffCache, VerifierFeatures,
-                                  VerifierHooks, draft_block)
+from .generation_specdiff import (AcceptanceRates, AssistantRounds, DraftLengthPolicy, RoundCosts, SpecDiffCache,
+                                  VerifierFeatures, VerifierHooks, draft_block)
 
 # The drafter's own `num_assistant_tokens_schedule`: transformers' loop asks for `num_assistant_tokens` (the block
 # size) every round and the drafter drafts as many as its `DraftLengthPolicy` finds worth verifying. transformers
@@ -536,6 +536,12 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
     def new_length_policy(self, max_length: int | None = None, fixed: int | None = None) -> DraftLengthPolicy:
         """A fresh `DraftLengthPolicy` for drafts of at most `max_length` tokens (default: the block size)."""
         return DraftLengthPolicy(max_length or self.config.max_draft_tokens, fixed)
+
+    @staticmethod
+    def new_acceptance_rates(max_length: int) -> AcceptanceRates:
+        """Fresh acceptance-by-position counts for drafts of at most `max_length` tokens (the tree loop keeps one for
+        its prompt-lookup branch)."""
+        return AcceptanceRates(max_length)
 
     def _assistant_rounds(self, cache: SpecDiffCache, generation_config) -> AssistantRounds | None:
         """The round tracker of an adaptive drafter called by transformers' assisted loop (None otherwise)."""
