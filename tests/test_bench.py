@@ -123,7 +123,7 @@ def test_the_recipe_names_only_methods_the_bench_has():
     from types import SimpleNamespace
 
     examples = Path(__file__).resolve().parents[1] / "examples"
-    recipes = [(examples / name).read_text() for name in ("smollm2_recipe.sh", "smollm2_drafters_v2.sh")]
+    recipes = [path.read_text() for path in examples.glob("*.sh")]
     asked = {method for recipe in recipes for method in re.findall(r'--method "([^"]+)"', recipe)}
     kind = lambda conditioned, layout="specdiff": SimpleNamespace(
         config=SimpleNamespace(is_conditioned=conditioned, layout=layout))

