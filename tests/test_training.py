@@ -1,14 +1,8 @@
-"""Data generation, the trainer (objectives compared, exact resume after a kill) and drafter evaluation."""
+"""Data generation, the trainer's settings and errors, and drafter evaluation (whole runs: test_training_runs.py)."""
 
 import json
-import os
-import subprocess
-import sys
-import time
 from dataclasses import replace
-from pathlib import Path
 
-import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -19,49 +13,8 @@ from hf_specdiff.evaluate import evaluate_drafter
 from hf_specdiff.hub import render_card
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.training import TrainConfig, train
-from helpers import tiny_tokenizer, tiny_verifier
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-def counting_verifier(seed=0):
-    """A tiny verifier that mostly counts up (head = embeddings shifted by one), with some noise: a process that
-    generalises to new prompts, so held-out tau measures learning, not memory."""
-    verifier = tiny_verifier("llama", seed=seed)
-    with torch.no_grad():
-        verifier.lm_head.weight.copy_(torch.roll(verifier.model.embed_tokens.weight, 1, 0) * 6)
-    return verifier
-
-
-def write_prompts(path: Path, count: int, seed: int) -> Path:
-    generator = torch.Generator().manual_seed(seed)
-    with path.open("w") as f:
-        for _ in range(count):
-            words = torch.randint(4, 96, (6,), generator=generator).tolist()
-            f.write(json.dumps({"prompt": " ".join(f"t{w}" for w in words)}) + "\n")
-    return path
-
-
-@pytest.fixture(scope="module")
-def workspace(tmp_path_factory):
-    root = tmp_path_factory.mktemp("train")
-    verifier, tokenizer = counting_verifier(), tiny_tokenizer()
-    verifier.save_pretrained(root / "verifier")
-    tokenizer.save_pretrained(root / "verifier")
-    write_prompts(root / "train.jsonl", 48, seed=0)
-    write_prompts(root / "eval.jsonl", 8, seed=1)
-    config = DistillDataConfig(samples_per_prompt=2, temperature=0.7, max_new_tokens=48)
-    make_distill_data(verifier, tokenizer, read_prompts(root / "train.jsonl"), root / "data", config, batch_size=16,
-                      progress=False)
-    return root, verifier, tokenizer
-
-
-def base_config(root: Path, out: str, **overrides) -> TrainConfig:
-    config = TrainConfig(verifier=str(root / "verifier"), data=str(root / "data"), out=str(root / out),
-                         hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
-                         block_size=8, seq_len=48, batch_size=8, lr=3e-3, warmup_steps=10, max_steps=200,
-                         save_every=50, eval_every=100, log_every=10, eval_fraction=0.1)
-    return replace(config, **overrides)
+from helpers import tiny_verifier
+from training_workspace import base_config, workspace  # noqa: F401 (fixture)
 
 
 def test_distill_data_rows(workspace):
@@ -141,43 +94,6 @@ def test_training_goes_on_from_a_drafter_folder(workspace):
         train(base_config(root, "x", init=str(first), init_layers=1), progress=False)
 
 
-@pytest.mark.slow
-def test_streak_beats_mdlm_on_held_out_prompts(workspace):
-    """Streak distillation (its ce-streak form, which trains from scratch) against the MDLM objective."""
-    root, verifier, tokenizer = workspace
-    eval_prompts = read_prompts(root / "eval.jsonl")
-    taus = {}
-    for objective in ("ce-streak", "mdlm"):
-        out = train(base_config(root, f"drafter-{objective}", objective=objective), progress=False)
-        drafter = SpecDiffDrafter.from_pretrained(out).eval()
-        report = evaluate_drafter(verifier, tokenizer, drafter, eval_prompts, draft_length=8, max_new_tokens=40,
-                                  progress=False)
-        taus[objective] = report["tau"]
-        log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-        assert "acceptance_by_position" in log[-1] and log[-1]["step"] == 200
-        recipe = json.loads((out / "training_recipe.json").read_text())
-        assert recipe["steps"] == 200 and recipe["config"]["objective"] == objective
-    assert taus["ce-streak"] > taus["mdlm"] > 1.2, taus
-
-
-@pytest.mark.slow
-def test_conditioned_drafter_beats_standalone_on_held_out_prompts(workspace):
-    """Equal steps and data: reading the verifier's hidden states gives a higher held-out tau than tokens alone."""
-    root, verifier, tokenizer = workspace
-    eval_prompts = read_prompts(root / "eval.jsonl")
-    taus = {}
-    for name, layers in (("standalone", ""), ("conditioned", "auto")):
-        out = train(base_config(root, f"kind-{name}", verifier_layers=layers), progress=False)
-        drafter = SpecDiffDrafter.from_pretrained(out).eval()
-        assert drafter.config.is_conditioned == bool(layers)
-        log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-        assert log[-1]["greedy_streak"] > 0  # held-out metrics ran for both kinds
-        report = evaluate_drafter(verifier, tokenizer, drafter, eval_prompts, draft_length=8, max_new_tokens=40,
-                                  progress=False)
-        taus[name] = report["tau"]
-    assert taus["conditioned"] > taus["standalone"] > 1.2, taus
-
-
 def test_dflash_layout_trains_drafts_and_goes_on(workspace):
     """The dflash layout through the trainer: the verifier's sizes, no embeddings or head saved, drafts accepted."""
     root, verifier, tokenizer = workspace
@@ -225,83 +141,6 @@ def test_feature_cache_holds_each_rows_verifier_features(workspace, tmp_path):
     again = load_distill_data(tmp_path / "data")[1]
     attach_features(tmp_path / "data", None, drafter, again, progress=False)  # read back: no verifier needed
     assert torch.equal(again[0]["features"], rows[0]["features"])
-
-
-@pytest.mark.slow
-def test_killed_training_resumes_to_the_same_weights(workspace, monkeypatch):
-    root, _, _ = workspace
-    loads = []  # the trainer state must load without unpickling arbitrary objects
-    monkeypatch.setattr(torch, "load", lambda *a, load=torch.load, **k: loads.append(k.get("weights_only")) or
-                        load(*a, **k))
-    whole = train(base_config(root, "whole", max_steps=120, save_every=20), progress=False)
-    config = base_config(root, "killed", max_steps=120, save_every=20)
-    args = [sys.executable, "-m", "hf_specdiff.train", *_flags(config)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch.get_num_threads())}  # as in-process
-    step = _kill_after_checkpoint(args, env, Path(config.out), 40)
-    assert 40 <= step < 120, "the run was not killed mid-way"
-    assert not (Path(config.out) / "model.safetensors").exists()
-    resumed = train(config, progress=False)
-    assert loads and all(loads), loads
-    a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
-    assert a.keys() == b.keys()
-    differ = {k: (a[k] - b[k]).abs().max().item() for k in a if not torch.equal(a[k], b[k])}
-    assert not differ, f"resumed from step {step}, the weights differ (max abs difference): {differ}"
-
-
-def _kill_after_checkpoint(command: list[str], env: dict, out: Path, step: int) -> int:
-    """Start a training `command`, SIGKILL it and every process it started once `out` holds a checkpoint of `step`
-    or later, and return the step of the checkpoint left behind."""
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state = out / "checkpoint" / "state.json"
-    deadline = time.time() + 300
-    while time.time() < deadline and process.poll() is None:
-        if state.exists() and json.loads(state.read_text())["step"] >= step:
-            break
-        time.sleep(0.02)
-    launcher = psutil.Process(process.pid)
-    processes = [*launcher.children(recursive=True), launcher]  # torchrun gives its workers their own sessions
-    for each in processes:
-        each.kill()
-    process.wait()
-    psutil.wait_procs(processes, timeout=10)
-    return json.loads(state.read_text())["step"]
-
-
-def _flags(config: TrainConfig) -> list[str]:
-    return [arg for key, value in vars(config).items() for arg in (f"--{key.replace('_', '-')}", str(value))]
-
-
-def _losses(out: Path) -> dict[int, float]:
-    """The logged loss at each step; a resumed run logs the steps after its checkpoint again: the last one counts."""
-    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    return {r["step"]: r["loss"] for r in records if "loss" in r}
-
-
-@pytest.mark.slow
-def test_two_processes_train_as_one_and_resume_after_a_kill(workspace):
-    """Two CPU processes (`accelerate launch --multi_gpu --num_processes 2`, torchrun underneath; accelerate's `--cpu`
-    launches one process unless it has mpirun): each trains on its half of the same global batch, so the run follows
-    the single-process one (up to the rounding of the gradient all-reduce), and a killed run resumes."""
-    root, _, _ = workspace
-    one = base_config(root, "one-process", max_steps=150, save_every=10, log_every=1, eval_every=150)
-    train(one, progress=False)
-    two = replace(one, out=str(root / "two-processes"))
-    launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-              "29517", "-m", "hf_specdiff.train", *_flags(two)]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    killed_at = _kill_after_checkpoint(launch, env, Path(two.out), 30)
-    assert 30 <= killed_at < 150, f"the run was not killed mid-way (step {killed_at})"
-    assert not (Path(two.out) / "model.safetensors").exists()
-    result = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    recipe = json.loads((Path(two.out) / "training_recipe.json").read_text())
-    assert recipe["resumed_from_step"] == killed_at and "2 processes" in recipe["machine"]
-    a, b = _losses(Path(one.out)), _losses(Path(two.out))
-    assert a.keys() == b.keys() == set(range(1, 151))
-    differ = max(abs(a[k] - b[k]) / a[k] for k in a)
-    assert differ < 1e-4, f"the 2-process losses differ from the 1-process ones by up to {differ:.2e}"  # seen: 5e-6
-    assert a[150] < 0.8 * a[1]  # and it learned
 
 
 def test_reduced_vocabulary_and_init_from_verifier(workspace):

@@ -371,7 +371,7 @@ def select_tokens(scores: torch.Tensor, do_sample: bool, generator: torch.Genera
 
 @torch.no_grad()
 def draft_block(
-    model,
+    drafter,
     input_ids: torch.Tensor,
     cache: SpecDiffCache,
     num_tokens: int,
@@ -386,11 +386,11 @@ def draft_block(
     bidirectional inside it, so a shorter block would change what every position sees. Returns the draft
     [1, num_tokens] and, for each draft token, the processed logits it was drawn from [num_tokens, vocab] (float32).
     """
-    config = model.config
+    config = drafter.config
     device = input_ids.device
     block_len = max(num_tokens, config.max_draft_tokens)
     step_forward = (_conditioned_forward if config.is_conditioned else _standalone_forward)(
-        model, input_ids, cache, num_tokens, block_len)
+        drafter, input_ids, cache, num_tokens, block_len)
     block = torch.full((1, block_len), config.mask_token_index, dtype=torch.long, device=device)
     decided = torch.zeros(num_tokens, dtype=torch.bool, device=device)
     scores = torch.empty(num_tokens, config.vocab_size, dtype=torch.float32, device=device)
@@ -414,10 +414,10 @@ def draft_block(
     return block[:, :num_tokens], scores
 
 
-def _standalone_forward(model, input_ids, cache, num_tokens, block_len):
+def _standalone_forward(drafter, input_ids, cache, num_tokens, block_len):
     """One denoising forward of a standalone drafter over a block of `block_len` tokens, returning the logits of its
     first `num_tokens`: the first step also encodes the uncached prefix tokens."""
-    config = model.config
+    config = drafter.config
     device = input_ids.device
     new_ids = cache.sync(input_ids[0], config.max_position_embeddings - block_len, block_len)
     start = cache.get_seq_length() - cache.offset  # position of the first block token, relative to the window
@@ -427,7 +427,7 @@ def _standalone_forward(model, input_ids, cache, num_tokens, block_len):
         num_new = new_ids.shape[0] if first else 0
         query = torch.cat([new_ids[None], block], dim=1) if num_new else block
         positions = torch.cat([torch.arange(start - num_new, start, device=device), block_positions])
-        return model(
+        return drafter(
             input_ids=query,
             position_ids=positions[None],
             attention_mask=block_attention_mask(num_new, start - num_new, block_len, device),
@@ -439,7 +439,7 @@ def _standalone_forward(model, input_ids, cache, num_tokens, block_len):
     return forward
 
 
-def _conditioned_forward(model, input_ids, cache, num_tokens, block_len):
+def _conditioned_forward(drafter, input_ids, cache, num_tokens, block_len):
     """One denoising forward of a conditioned drafter over a block of `block_len` tokens, returning the logits of its
     first `num_tokens`.
 
@@ -447,7 +447,7 @@ def _conditioned_forward(model, input_ids, cache, num_tokens, block_len):
     which opens the block); the first step caches the context rows not cached yet. Tokens without features (only
     on a first round, before the verifier has read the prompt) join the anchor, at most `block_len` of them.
     """
-    config = model.config
+    config = drafter.config
     device = input_ids.device
     store = cache.verifier_features
     length = input_ids.shape[1]
@@ -465,7 +465,7 @@ def _conditioned_forward(model, input_ids, cache, num_tokens, block_len):
 
     def forward(block, first):
         positions = torch.cat([context_positions, query_positions]) if first and num_new else query_positions
-        return model(
+        return drafter(
             input_ids=torch.cat([anchors, block], dim=1),
             verifier_features=features if first else features[:, :0],
             position_ids=positions[None],
