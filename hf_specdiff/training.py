@@ -423,6 +423,7 @@ class TrainingRun:
     optimizer: object = None
     scheduler: object = None
     start: int = 0  # the step the run starts (or resumes) at
+    checkpoint: Path | None = None  # the checkpoint it resumes from
     eval_windows: tuple | None = None
 
     @property
@@ -489,8 +490,9 @@ def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
     train_rows = train_rows[: config.max_train_rows or None]
     if not train_rows:
         raise ValueError("no training rows left after the held-out split: lower eval_fraction or add prompts")
-    drafter, start = _resume_or_build(config, verifier, train_rows)
-    run = TrainingRun(config, accelerator, meta, rows, train_rows, eval_rows, verifier, drafter, start=start)
+    drafter, start, checkpoint = _resume_or_build(config, verifier, train_rows)
+    run = TrainingRun(config, accelerator, meta, rows, train_rows, eval_rows, verifier, drafter, start=start,
+                      checkpoint=checkpoint)
     cached = config.feature_cache and config.kind == "diffusion" and drafter.config.is_conditioned
     if cached:
         with accelerator.main_process_first():
@@ -505,13 +507,14 @@ def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
     return run
 
 
-def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict]) -> tuple[object, int]:
-    """(drafter, start step): the checkpoint in `config.out` if there is one (of a run with the same settings)."""
+def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict]) -> tuple[object, int, Path | None]:
+    """(drafter, start step, checkpoint): from the checkpoint in `config.out` if there is one (of a run with the same
+    settings), else a new drafter."""
     from transformers import AutoModelForCausalLM
 
     checkpoint = latest_checkpoint(Path(config.out))
     if checkpoint is None:
-        return build_drafter(config, verifier, train_rows), 0
+        return build_drafter(config, verifier, train_rows), 0, None
     saved = json.loads((checkpoint / "state.json").read_text())
     if saved["config"] != asdict(config):
         changed = {k for k in saved["config"] if saved["config"][k] != asdict(config).get(k)}
@@ -520,7 +523,7 @@ def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict]) -> t
     drafter = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     if config.kind == "diffusion":
         drafter.set_verifier(verifier)
-    return drafter, saved["step"]
+    return drafter, saved["step"], checkpoint
 
 
 def _prepare_optimization(run: TrainingRun):
@@ -531,9 +534,8 @@ def _prepare_optimization(run: TrainingRun):
     run.drafter.train()
     optimizer = torch.optim.AdamW(run.drafter.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     scheduler = get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.max_steps)
-    checkpoint = latest_checkpoint(run.out) if run.start else None
-    if checkpoint is not None:
-        state = torch.load(checkpoint / "trainer.pt", weights_only=True)  # tensors and plain containers only
+    if run.checkpoint is not None:
+        state = torch.load(run.checkpoint / "trainer.pt", weights_only=True)  # tensors and plain containers only
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
     # The scheduler stays unprepared: accelerate would step it once per process, for per-process batches.
