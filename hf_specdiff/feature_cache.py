@@ -2,7 +2,8 @@
 
 A conditioned drafter trains on the verifier's hidden states at its `verifier_layer_ids`. Teacher-forcing the verifier
 in every training step costs more than the drafter's own step; computed once per row, with the row's whole prompt and
-response as context (as at drafting time), they serve every step, epoch and run. Stored in bf16.
+response as context (as at drafting time), they serve every step, epoch and run. Stored in bf16. The same forward
+can give the verifier's k likeliest next tokens at every position, so a KL term needs no verifier at training time.
 """
 
 import os
@@ -16,20 +17,38 @@ def cache_path(data, layer_ids: list[int]) -> Path:
     return Path(data) / f"features-layers-{'-'.join(map(str, layer_ids))}.pt"
 
 
-@torch.no_grad()
-def compute_features(verifier, drafter, rows: list[dict], max_batch_tokens: int = 8192,
-                     progress: bool = True) -> list[torch.Tensor]:
-    """Per row, the features [len(prompt + response), F] the conditioned `drafter` reads, in bf16 on the CPU."""
-    sequences = [row["prompt_ids"] + row["response_ids"] for row in rows]
-    order = sorted(range(len(rows)), key=lambda i: len(sequences[i]))
-    features: list[torch.Tensor | None] = [None] * len(rows)
-    bar = tqdm(total=len(rows), desc="verifier features", disable=not progress)
+def top_k_cache_path(data, top_k: int) -> Path:
+    return Path(data) / f"verifier-top-{top_k}.pt"
+
+
+def _batches(sequences: list[list[int]], max_batch_tokens: int):
+    """Indices of `sequences` in batches of similar lengths, each padded to at most `max_batch_tokens`."""
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
     start = 0
     while start < len(order):
         end = start + 1
         while end < len(order) and (end - start + 1) * len(sequences[order[end]]) <= max_batch_tokens:
             end += 1
-        batch = order[start:end]
+        yield order[start:end]
+        start = end
+
+
+def _shift_right(x: torch.Tensor) -> torch.Tensor:
+    """[B, L, ...] -> the same one position later (position t gets t - 1's; position 0 zeros), on the CPU."""
+    return torch.cat([torch.zeros_like(x[:, :1]), x[:, :-1]], dim=1).cpu()
+
+
+@torch.no_grad()
+def compute_features(verifier, drafter, rows: list[dict], top_k: int = 0, max_batch_tokens: int = 8192,
+                     progress: bool = True) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]] | None]:
+    """Per row, the features [len(prompt + response), F] the conditioned `drafter` reads, in bf16 on the CPU; with
+    `top_k`, also the verifier's k likeliest next tokens: at position t, (ids, log-probs) [L, k] of its prediction
+    for token t (from position t - 1; row 0 predicts nothing and holds id 0)."""
+    sequences = [row["prompt_ids"] + row["response_ids"] for row in rows]
+    features: list = [None] * len(rows)
+    top: list | None = [None] * len(rows) if top_k else None
+    bar = tqdm(total=len(rows), desc="verifier features", disable=not progress)
+    for batch in _batches(sequences, max_batch_tokens // 4 if top_k else max_batch_tokens):
         longest = len(sequences[batch[-1]])
         ids = torch.zeros(len(batch), longest, dtype=torch.long)
         valid = torch.zeros(len(batch), longest, dtype=torch.long)
@@ -37,27 +56,52 @@ def compute_features(verifier, drafter, rows: list[dict], max_batch_tokens: int 
             ids[b, : len(sequences[i])] = torch.tensor(sequences[i])
             valid[b, : len(sequences[i])] = 1
         out = verifier(input_ids=ids.to(verifier.device), attention_mask=valid.to(verifier.device),
-                       output_hidden_states=drafter.verifier_hidden_states, logits_to_keep=1)
+                       output_hidden_states=drafter.verifier_hidden_states, logits_to_keep=0 if top_k else 1)
         selected = drafter.select_features(out.hidden_states).to("cpu", torch.bfloat16)
+        if top_k:
+            log_probs, top_ids = out.logits.float().log_softmax(-1).topk(top_k, dim=-1)
+            top_ids, log_probs = _shift_right(top_ids.int()), _shift_right(log_probs.half())
         for b, i in enumerate(batch):
             features[i] = selected[b, : len(sequences[i])].clone()
+            if top_k:
+                top[i] = (top_ids[b, : len(sequences[i])].clone(), log_probs[b, : len(sequences[i])].clone())
         bar.update(len(batch))
-        start = end
     bar.close()
-    return features
+    return features, top
 
 
-def attach_features(data, verifier, drafter, rows: list[dict], progress: bool = True) -> list[dict]:
-    """Give every row its verifier features (`row["features"]`), from the data folder's cache for these layers, or
-    computed and cached there (written whole, then renamed: a killed run leaves no partial cache)."""
-    path = cache_path(data, drafter.config.verifier_layer_ids)
-    features = torch.load(path, weights_only=True) if path.exists() else None
-    if features is None or len(features) != len(rows) or any(
-            f.shape[0] != len(r["prompt_ids"]) + len(r["response_ids"]) for f, r in zip(features, rows)):
-        features = compute_features(verifier, drafter, rows, progress=progress)
-        staging = path.with_suffix(".tmp")
-        torch.save(features, staging)
-        os.replace(staging, path)
-    for row, row_features in zip(rows, features):
-        row["features"] = row_features
+def _load_matching(path: Path, rows: list[dict]):
+    """The cached per-row list at `path` if it exists and matches the rows' lengths, else None."""
+    cached = torch.load(path, weights_only=True) if path.exists() else None
+    if cached is None or len(cached) != len(rows) or any(
+            (c[0] if isinstance(c, (tuple, list)) else c).shape[0] != len(r["prompt_ids"]) + len(r["response_ids"])
+            for c, r in zip(cached, rows)):
+        return None
+    return cached
+
+
+def _save(path: Path, value):
+    staging = path.with_suffix(".tmp")  # written whole, then renamed: a killed run leaves no partial cache
+    torch.save(value, staging)
+    os.replace(staging, path)
+
+
+def attach_features(data, verifier, drafter, rows: list[dict], top_k: int = 0, progress: bool = True) -> list[dict]:
+    """Give every row its verifier features (`row["features"]`) and, with `top_k`, the verifier's k likeliest next
+    tokens (`row["verifier_top_k"]`, see `compute_features`): from the data folder's caches, or computed and
+    cached there."""
+    features = _load_matching(cache_path(data, drafter.config.verifier_layer_ids), rows)
+    top = _load_matching(top_k_cache_path(data, top_k), rows) if top_k else None
+    if features is None or (top_k and top is None):
+        if verifier is None:
+            missing = "features" if features is None else f"verifier top-{top_k}"
+            raise ValueError(f"{data} has no {missing} cached for these rows: computing them needs the verifier")
+        features, top = compute_features(verifier, drafter, rows, top_k, progress=progress)
+        _save(cache_path(data, drafter.config.verifier_layer_ids), features)
+        if top_k:
+            _save(top_k_cache_path(data, top_k), top)
+    for i, row in enumerate(rows):
+        row["features"] = features[i]
+        if top_k:
+            row["verifier_top_k"] = tuple(top[i])
     return rows

@@ -16,8 +16,9 @@ import shutil
 import time
 import warnings
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from tqdm.auto import tqdm
@@ -27,7 +28,8 @@ from .compat import dflash_sizes, drafter_config_for
 from .data import load_distill_data, verifier_identity
 from .feature_cache import attach_features
 from .modeling_specdiff import SpecDiffDrafter
-from .objectives import OBJECTIVES, ce_streak_loss, kl_to_verifier, mdlm_loss, streak_loss, target_log_probs
+from .objectives import (KL_WEIGHTINGS, OBJECTIVES, ce_streak_loss, kl_position_weights, kl_to_verifier, mdlm_loss,
+                         streak_loss, target_log_probs, top_k_kl_to_verifier)
 
 
 @dataclass
@@ -59,6 +61,12 @@ class TrainConfig:
                                                                  "steps on the tests' toy verifier"})
     mdlm_weight: float = field(default=0.0, metadata={"help": "weight of an added mdlm term (random masking)"})
     kl_weight: float = field(default=0.0, metadata={"help": "weight of KL(verifier || drafter) on masked positions"})
+    kl_weighting: str = field(default="uniform", metadata={"help": f"how the KL term weighs block positions: "
+                                                                   f"{KL_WEIGHTINGS} (streak: by the probability the "
+                                                                   "drafter's streak reaches the position)"})
+    kl_top_k: int = field(default=64, metadata={"help": "with feature_cache: the KL term uses the verifier's k "
+                                                        "likeliest next tokens, cached with the features (no verifier "
+                                                        "forward per step); 0: its whole distribution, every step"})
     init: str = field(default="from-verifier", metadata={"help": "random, from-verifier (embeddings and head), or a "
                                                                "drafter folder to train further (its sizes must "
                                                                "match these settings)"})
@@ -258,10 +266,24 @@ def split_rows(rows: list[dict], eval_fraction: float) -> tuple[list[dict], list
     return [r for r in rows if r["prompt_index"] not in held], [r for r in rows if r["prompt_index"] in held]
 
 
+class Windows(NamedTuple):
+    """A batch of training windows: token ids [B, L], valid [B, L], and what the rows carry for those tokens."""
+
+    ids: torch.Tensor
+    valid: torch.Tensor
+    features: torch.Tensor | None = None  # [B, L, F] the verifier's cached features (`feature_cache`)
+    verifier_top_k: tuple[torch.Tensor, torch.Tensor] | None = None  # ids, log-probs [B, L, k] (`kl_top_k`)
+
+    def to(self, device) -> "Windows":
+        top = None if self.verifier_top_k is None else tuple(t.to(device) for t in self.verifier_top_k)
+        return Windows(self.ids.to(device), self.valid.to(device),
+                       None if self.features is None else self.features.to(device), top)
+
+
 def sample_windows(rows: list[dict], batch_size: int, seq_len: int, pad_id: int, generator: torch.Generator,
-                   part: tuple[int, int] = (0, 1)) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """A batch of `seq_len`-token windows over prompt + response: ids [B, seq_len], valid [B, seq_len], and the
-    verifier features of those tokens [B, seq_len, F] when the rows carry them (`feature_cache`), else None.
+                   part: tuple[int, int] = (0, 1)) -> Windows:
+    """A batch of `seq_len`-token windows over prompt + response, with the cached verifier features and top-k of
+    those tokens when the rows carry them (`feature_cache`, `kl_top_k`).
 
     Windows end inside the response (where drafting happens); shorter sequences are right-padded (invalid).
     `part=(index, count)` keeps every count-th window from the index-th: one process's share of a global batch
@@ -271,8 +293,8 @@ def sample_windows(rows: list[dict], batch_size: int, seq_len: int, pad_id: int,
     mine = range(index, batch_size, count)
     ids = torch.full((len(mine), seq_len), pad_id, dtype=torch.long)
     valid = torch.zeros(len(mine), seq_len, dtype=torch.bool)
-    cached = "features" in rows[0]
-    features = torch.zeros(len(mine), seq_len, rows[0]["features"].shape[-1]) if cached else None
+    features = torch.zeros(len(mine), seq_len, rows[0]["features"].shape[-1]) if "features" in rows[0] else None
+    top = _empty_top_k(rows[0]["verifier_top_k"], len(mine), seq_len) if "verifier_top_k" in rows[0] else None
     picks = torch.randint(len(rows), (batch_size,), generator=generator).tolist()
     for b, pick in enumerate(picks):
         row = rows[pick]
@@ -286,34 +308,45 @@ def sample_windows(rows: list[dict], batch_size: int, seq_len: int, pad_id: int,
         start, b = max(0, end - seq_len), b // count
         ids[b, : end - start] = torch.tensor(sequence[start:end])
         valid[b, : end - start] = True
-        if cached:
+        if features is not None:
             features[b, : end - start] = row["features"][start:end].float()
-    return ids, valid, features
+        if top is not None:
+            for window, cached in zip(top, row["verifier_top_k"]):
+                window[b, : end - start] = cached[start:end]
+    return Windows(ids, valid, features, top)
+
+
+def _empty_top_k(cached: tuple[torch.Tensor, torch.Tensor], batch: int, seq_len: int):
+    """Buffers [batch, seq_len, k] for the windows' top-k ids and log-probs (id 0 at log-prob -inf on padding)."""
+    k = cached[0].shape[-1]
+    return torch.zeros(batch, seq_len, k, dtype=torch.long), torch.full((batch, seq_len, k), float("-inf"))
 
 
 # ----------------------------------------------------------------------------------------------------------------
 # Loss and metrics
 
 
-def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, config: TrainConfig,
-                  generator: torch.Generator, verifier=None, features: torch.Tensor | None = None,
+def training_loss(model, drafter, windows: Windows, config: TrainConfig, generator: torch.Generator, verifier=None,
                   part: tuple[int, int] = (0, 1)) -> torch.Tensor:
     """The configured objective on one batch of windows. `model` is what to call (the drafter, or its DDP
-    wrapper); `drafter` the unwrapped drafter; `features` the verifier's cached features of the windows, if any;
-    `part` which rows of the global batch the windows are (`make_block_diffusion_batch`)."""
+    wrapper); `drafter` the unwrapped drafter; `part` which rows of the global batch the windows are
+    (`make_block_diffusion_batch`). What the windows do not carry (features, the verifier's distribution) comes
+    from a teacher-forced `verifier`."""
+    clean, valid, features, top_k = windows
     if config.kind == "ar":  # next-token cross-entropy on valid positions
         logits = model(input_ids=clean, attention_mask=valid.long()).logits[:, :-1]
         targets = clean[:, 1:].masked_fill(~valid[:, 1:], -100)
         return torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
-    mask_index = drafter.config.mask_token_index
     conditioned = drafter.config.is_conditioned
-    teacher = _teacher_forward(verifier, drafter, clean, valid, logits=bool(config.kl_weight)) \
-        if (conditioned and features is None) or config.kl_weight else None
+    needs_logits = bool(config.kl_weight) and top_k is None
+    teacher = _teacher_forward(verifier, drafter, clean, valid, logits=needs_logits) \
+        if (conditioned and features is None) or needs_logits else None
     if conditioned and features is None:
         features = drafter.select_features(teacher.hidden_states)
     if config.objective == "mdlm":  # random masking ratios; the unaligned SpecDiff objective
         return _mdlm(model, drafter, clean, valid, config, generator, features, part)
-    batch = make_block_diffusion_batch(clean, config.block_size, mask_index, config.noise, generator, conditioned, part)
+    batch = make_block_diffusion_batch(clean, config.block_size, drafter.config.mask_token_index, config.noise,
+                                       generator, conditioned, part)
     logits = block_logits(model, batch, features)
     targets = drafter.to_draft_vocab(batch.targets)
     targets = targets.masked_fill(~valid[:, batch.block_slice].reshape(targets.shape), -1)
@@ -321,13 +354,23 @@ def training_loss(model, drafter, clean: torch.Tensor, valid: torch.Tensor, conf
     if config.mdlm_weight:
         loss = loss + config.mdlm_weight * _mdlm(model, drafter, clean, valid, config, generator, features, part)
     if config.kl_weight:
-        # the verifier's logit at position t-1 predicts token t
-        shifted = torch.cat([teacher.logits[:, :1], teacher.logits[:, :-1]], dim=1)[:, batch.block_slice]
-        shifted = shifted.reshape(*targets.shape, -1)
-        ids = drafter.draft_vocab_ids(shifted.device)
-        shifted = shifted if ids is None else shifted[..., ids]
-        loss = loss + config.kl_weight * kl_to_verifier(logits, shifted, batch.masked & (targets >= 0))
+        weights = kl_position_weights(config.kl_weighting, logits, targets, batch.masked)
+        loss = loss + config.kl_weight * _kl_term(drafter, logits, batch, weights, teacher, top_k)
     return loss
+
+
+def _kl_term(drafter, logits, batch, weights, teacher=None, top_k=None) -> torch.Tensor:
+    """KL(verifier || drafter) on the blocks: from the windows' cached top-k, or the teacher's full logits."""
+    def blocks(x):  # [B, L, ...] -> [B, num_blocks, block_size, ...]
+        return x[:, batch.block_slice].reshape(*weights.shape, -1)
+
+    if top_k is not None:  # cached per token: the verifier's prediction of it
+        top_ids, top_log_probs = map(blocks, top_k)
+        return top_k_kl_to_verifier(logits, drafter.to_draft_vocab(top_ids), top_log_probs, weights)
+    # the verifier's logit at position t-1 predicts token t
+    shifted = blocks(torch.cat([teacher.logits[:, :1], teacher.logits[:, :-1]], dim=1))
+    ids = drafter.draft_vocab_ids(shifted.device)
+    return kl_to_verifier(logits, shifted if ids is None else shifted[..., ids], weights)
 
 
 def _mdlm(model, drafter, clean, valid, config, generator, features=None, part=(0, 1)):
@@ -355,12 +398,11 @@ def verifier_features(verifier, drafter, ids: torch.Tensor, valid: torch.Tensor)
 
 
 @torch.no_grad()
-def held_out_metrics(drafter, windows: tuple, block_size: int, verifier=None) -> dict:
+def held_out_metrics(drafter, windows: Windows, block_size: int, verifier=None) -> dict:
     """One-step (T=1) drafting quality on held-out windows (`sample_windows`' output): greedy acceptance by
     position, the greedy accepted streak (tau - 1 under greedy verification) and the expected streak under
     speculative sampling. A conditioned drafter needs the windows' features or the `verifier`."""
-    clean, valid, *cached = windows
-    features = cached[0] if cached else None
+    clean, valid, features = windows.ids, windows.valid, windows.features
     conditioned = drafter.config.is_conditioned
     batch = make_block_diffusion_batch(clean, block_size, drafter.config.mask_token_index, "full",
                                        torch.Generator().manual_seed(0), conditioned)
@@ -375,7 +417,8 @@ def held_out_metrics(drafter, windows: tuple, block_size: int, verifier=None) ->
     hits = (logits.argmax(-1) == targets).long().cumprod(-1).float()
     expected = target_log_probs(logits, targets).cumsum(-1).exp()
     return {"acceptance_by_position": [round(x, 4) for x in hits.mean(0).tolist()],
-            "greedy_streak": hits.sum(-1).mean().item(), "expected_streak": expected.sum(-1).mean().item()}
+            "greedy_streak": hits.sum(-1).mean().item(), "expected_streak": expected.sum(-1).mean().item(),
+            "blocks": len(targets)}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -424,7 +467,7 @@ class TrainingRun:
     scheduler: object = None
     start: int = 0  # the step the run starts (or resumes) at
     checkpoint: Path | None = None  # the checkpoint it resumes from
-    eval_windows: tuple | None = None
+    eval_windows: Windows | None = None
 
     @property
     def out(self) -> Path:
@@ -494,10 +537,11 @@ def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
     run = TrainingRun(config, accelerator, meta, rows, train_rows, eval_rows, verifier, drafter, start=start,
                       checkpoint=checkpoint)
     cached = config.feature_cache and config.kind == "diffusion" and drafter.config.is_conditioned
+    top_k = config.kl_top_k if cached and config.kl_weight else 0
     if cached:
         with accelerator.main_process_first():
-            attach_features(config.data, verifier, drafter, rows, progress and accelerator.is_main_process)
-    if not config.kl_weight and (not config.verifier_layers or cached):
+            attach_features(config.data, verifier, drafter, rows, top_k, progress and accelerator.is_main_process)
+    if not (config.kl_weight and not top_k) and (not config.verifier_layers or cached):
         run.verifier = None  # a dflash drafter keeps the verifier's embeddings and head
     elif config.precision == "bf16":
         verifier.to(torch.bfloat16)  # it only gives targets or features: half the cost
@@ -516,6 +560,7 @@ def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict]) -> t
     if checkpoint is None:
         return build_drafter(config, verifier, train_rows), 0, None
     saved = json.loads((checkpoint / "state.json").read_text())
+    saved["config"] = {**asdict(replace(config, **_defaults())), **saved["config"]}  # fields added since: defaults
     if saved["config"] != asdict(config):
         changed = {k for k in saved["config"] if saved["config"][k] != asdict(config).get(k)}
         raise ValueError(f"{config.out} holds a checkpoint of a run with other settings ({sorted(changed)}): "
@@ -524,6 +569,11 @@ def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict]) -> t
     if config.kind == "diffusion":
         drafter.set_verifier(verifier)
     return drafter, saved["step"], checkpoint
+
+
+def _defaults() -> dict:
+    """TrainConfig's defaults (of the fields that have one)."""
+    return {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
 
 
 def _prepare_optimization(run: TrainingRun):
@@ -555,15 +605,12 @@ def training_step(run: TrainingRun, step: int) -> float:
     part = (accelerator.process_index, accelerator.num_processes)
     total = 0.0
     for micro in range(config.grad_accum):
-        clean, valid, features = sample_windows(run.train_rows, config.batch_size, config.seq_len, run.pad_id,
-                                                windows, part)
-        clean, valid = clean.to(accelerator.device), valid.to(accelerator.device)
-        features = features.to(accelerator.device) if features is not None else None
+        batch = sample_windows(run.train_rows, config.batch_size, config.seq_len, run.pad_id, windows, part)
+        batch = batch.to(accelerator.device)
         sync = micro == config.grad_accum - 1  # all-reduce gradients on the last micro-batch only
         autocast = torch.autocast(accelerator.device.type, dtype=torch.bfloat16, enabled=config.precision == "bf16")
         with autocast, (nullcontext() if sync else accelerator.no_sync(run.model)):
-            loss = training_loss(run.model, run.drafter, clean, valid, config, noise, run.verifier, features,
-                                 part) / config.grad_accum
+            loss = training_loss(run.model, run.drafter, batch, config, noise, run.verifier, part) / config.grad_accum
             accelerator.backward(loss)
         total += loss.item()
     if accelerator.num_processes > 1:
@@ -644,6 +691,10 @@ def _validate(config: TrainConfig):
         raise ValueError(f"verifier_layers must be empty, 'auto' or a list like '1,14,28', got {config.verifier_layers!r}")
     if config.objective not in OBJECTIVES:
         raise ValueError(f"objective must be one of {OBJECTIVES}, got {config.objective!r}")
+    if config.kl_weighting not in KL_WEIGHTINGS:
+        raise ValueError(f"kl_weighting must be one of {KL_WEIGHTINGS}, got {config.kl_weighting!r}")
+    if config.kl_top_k < 0:
+        raise ValueError(f"kl_top_k must be >= 0, got {config.kl_top_k}")
     if config.objective == "mdlm" and (config.kl_weight or config.mdlm_weight):
         raise ValueError("kl_weight and mdlm_weight add terms to a streak objective; objective=mdlm takes neither")
     if config.noise not in NOISE_MODES:

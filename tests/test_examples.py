@@ -128,3 +128,20 @@ def test_learning_curves(models, tmp_path):
     assert [p["training_tokens"] for p in curve["points"]] == [160, 320]  # steps x batch x seq_len
     assert curve["points"][0]["acceptance_by_position"] == [0.5, 0.3, 0.2, 0.1] and curve["drafter_ms"] > 0
     assert result["verifier_ms"]["1 token"] > 0 and (tmp_path / "out" / "learning_curves.png").stat().st_size > 5000
+
+
+def test_held_out_acceptance(models, tmp_path):
+    import shutil
+
+    run("train_drafter.py", "--verifier", str(models / "verifier"), "--prompts", str(models / "prompts.jsonl"),
+        "--out", str(tmp_path / "run"), "--steps", "10", "--max-new-tokens", "40", "--hidden-size", "32",
+        "--draft-vocab-size", "32")
+    shutil.copytree(tmp_path / "run" / "drafter", tmp_path / "run" / "again")
+    out = tmp_path / "held_out.json"
+    run("held_out_acceptance.py", str(tmp_path / "run" / "drafter"), str(tmp_path / "run" / "again"), "--out", str(out),
+        "--windows", "64", "--threads", "1")
+    runs = json.loads(out.read_text())["runs"]
+    assert runs["drafter"] == runs["again"]  # the same windows for every drafter
+    p, n = runs["drafter"]["acceptance_by_position"][0], runs["drafter"]["blocks"]
+    assert len(runs["drafter"]["acceptance_by_position"]) == 4 and n > 0
+    assert runs["drafter"]["position_1_standard_error"] == round((p * (1 - p) / n) ** 0.5, 4)

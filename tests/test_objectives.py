@@ -6,7 +6,8 @@ import torch
 
 from hf_specdiff.block_diffusion import block_attention_pattern, block_logits, make_block_diffusion_batch
 from hf_specdiff.generation_specdiff import SpecDiffCache
-from hf_specdiff.objectives import ce_streak_loss, expected_streak, mdlm_loss, streak_loss
+from hf_specdiff.objectives import (ce_streak_loss, expected_streak, kl_position_weights, kl_to_verifier, mdlm_loss,
+                                    streak_loss, top_k_kl_to_verifier)
 from helpers import tiny_drafter, tiny_verifier
 
 
@@ -47,6 +48,35 @@ def test_targets_outside_the_draft_vocabulary():
     targets = torch.tensor([[0, -1, 0]])  # position 2 cannot be drafted: the streak stops there
     assert math.isclose(expected_streak(logits, targets).item(), 0.5, rel_tol=1e-5)
     (streak_loss(logits, targets) + ce_streak_loss(logits, targets)).backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad[0, 1].abs().sum() == 0
+
+
+
+def test_kl_weighted_by_position_and_from_the_verifiers_top_k():
+    """Uniform and streak weighting by hand; the top-k KL is the KL to the verifier's renormalised top k, skips
+    tokens outside the drafter's head and padding, and equals the full KL when k is the whole vocabulary."""
+    gen = torch.Generator().manual_seed(0)
+    logits, verifier_logits = torch.randn(2, 3, 5, generator=gen), torch.randn(2, 3, 5, generator=gen)
+    targets, masked = torch.tensor([[0, 1, 2], [3, -1, 4]]), torch.ones(2, 3, dtype=torch.bool)
+    uniform = kl_position_weights("uniform", logits, targets, masked)
+    assert uniform.tolist() == [[1, 1, 1], [1, 0, 1]]
+    q = logits.softmax(-1)
+    reach = kl_position_weights("streak", logits, targets, masked)
+    torch.testing.assert_close(reach[0], torch.stack([torch.tensor(1.0), q[0, 0, 0], q[0, 0, 0] * q[0, 1, 1]]))
+    assert reach[1, 1] == 0 and reach[1, 2] == 0  # the streak cannot pass a token outside the head
+    p_full = verifier_logits.softmax(-1)
+    kl = (p_full * (p_full.log() - q.log())).sum(-1)
+    torch.testing.assert_close(kl_to_verifier(logits, verifier_logits, reach), (kl * reach).sum() / reach.sum())
+    top_log_probs, top_ids = verifier_logits.log_softmax(-1).topk(5, dim=-1)
+    torch.testing.assert_close(top_k_kl_to_verifier(logits, top_ids, top_log_probs, uniform),
+                               kl_to_verifier(logits, verifier_logits, uniform))
+    top_ids[0, 0, 1:] = -1  # position (0, 0): only its likeliest token is in the head; position (0, 1): padding
+    top_log_probs[0, 1] = float("-inf")
+    logits.requires_grad_(True)
+    loss = top_k_kl_to_verifier(logits, top_ids, top_log_probs, uniform)
+    rest = [kl[0, 2], kl[1, 0], kl[1, 2]]
+    torch.testing.assert_close(loss, (-q[0, 0, top_ids[0, 0, 0]].log() + sum(rest)) / 4)
+    loss.backward()
     assert torch.isfinite(logits.grad).all() and logits.grad[0, 1].abs().sum() == 0
 
 

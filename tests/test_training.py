@@ -133,7 +133,7 @@ def test_feature_cache_holds_each_rows_verifier_features(workspace, tmp_path):
         torch.testing.assert_close(row["features"].float(), expected, rtol=2e-2, atol=2e-2)  # stored in bf16
     long = next(r for r in rows if len(r["prompt_ids"]) + len(r["response_ids"]) > 30)
     sequence = long["prompt_ids"] + long["response_ids"]
-    ids, valid, features = sample_windows([long], 8, 24, 0, torch.Generator().manual_seed(0))
+    ids, valid, features, _ = sample_windows([long], 8, 24, 0, torch.Generator().manual_seed(0))
     assert valid.all()
     for b in range(8):
         start = next(i for i in range(len(sequence)) if sequence[i:i + 24] == ids[b].tolist())
@@ -141,6 +141,44 @@ def test_feature_cache_holds_each_rows_verifier_features(workspace, tmp_path):
     again = load_distill_data(tmp_path / "data")[1]
     attach_features(tmp_path / "data", None, drafter, again, progress=False)  # read back: no verifier needed
     assert torch.equal(again[0]["features"], rows[0]["features"])
+    with pytest.raises(ValueError, match="no verifier top-4 cached"):
+        attach_features(tmp_path / "data", None, drafter, again, top_k=4, progress=False)
+    attach_features(tmp_path / "data", verifier, drafter, again, top_k=4, progress=False)
+    sequence = torch.tensor([long["prompt_ids"] + long["response_ids"]])
+    row = again[rows.index(long)]
+    top_ids, top_log_probs = row["verifier_top_k"]
+    expected_log_probs, expected_ids = verifier(sequence).logits[0].float().log_softmax(-1).topk(4, dim=-1)
+    assert torch.equal(top_ids[1:].long(), expected_ids[:-1])  # at t: the verifier's prediction of token t
+    torch.testing.assert_close(top_log_probs[1:].float(), expected_log_probs[:-1], rtol=1e-2, atol=1e-2)  # fp16
+    windows = sample_windows([row], 8, 24, 0, torch.Generator().manual_seed(0))
+    for b in range(8):
+        start = next(i for i in range(len(sequence[0])) if sequence[0, i:i + 24].tolist() == windows.ids[b].tolist())
+        assert torch.equal(windows.verifier_top_k[0][b], top_ids[start:start + 24].long())
+
+
+
+def test_kl_from_the_cached_top_k_needs_no_verifier_forward(workspace, tmp_path, monkeypatch):
+    """With the feature cache, the KL term reads the verifier's top-k cached beside the features: training runs no
+    teacher forward, and the term is in the loss."""
+    import shutil
+
+    from hf_specdiff import training
+
+    root, _, _ = workspace
+    shutil.copytree(root / "data", tmp_path / "data")
+
+    def no_teacher(*args, **kwargs):
+        raise AssertionError("a teacher forward during training")
+
+    monkeypatch.setattr(training, "_teacher_forward", no_teacher)
+    config = base_config(root, "kl-top-k", data=str(tmp_path / "data"), verifier_layers="auto", feature_cache=True,
+                         kl_weight=1.0, kl_top_k=8, kl_weighting="streak", max_steps=12, eval_every=12, log_every=1)
+    losses = [json.loads(line)["loss"] for line in (train(config, progress=False) / "log.jsonl").read_text()
+              .splitlines() if "loss" in json.loads(line)]
+    assert (tmp_path / "data" / "verifier-top-8.pt").exists() and len(losses) == 12
+    without = train(replace(config, kl_weight=0.0, max_steps=1, out=str(root / "kl-top-k-without")), progress=False)
+    first = json.loads((without / "log.jsonl").read_text().splitlines()[0])["loss"]
+    assert losses[0] > first + 0.05  # same weights and batch at step 1: the KL term adds to the loss
 
 
 def test_reduced_vocabulary_and_init_from_verifier(workspace):
@@ -234,7 +272,45 @@ def test_kl_term_gradient_accumulation_and_bf16(workspace):
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in log if "loss" in r]
     assert len(losses) == 12 and sum(losses[-3:]) < sum(losses[:3])  # it learns
-    without = train(base_config(root, "no-kl-bf16", kl_weight=0.0, **settings), progress=False)
+    without = train(base_config(root, "no-kl-bf16", kl_weight=0.0, **{**settings, "max_steps": 1}), progress=False)
     first = json.loads((without / "log.jsonl").read_text().splitlines()[0])["loss"]
     assert losses[0] > first + 0.05  # same weights and batch at step 1: the KL term adds to the loss
     assert SpecDiffDrafter.from_pretrained(out).config.block_size == 8
+
+
+def test_cpu_processes_join_over_gloo_and_a_one_process_cpu_launch_warns(monkeypatch):
+    """Several processes without a GPU need accelerate's cpu=True; accelerate's `--cpu --num_processes N`, which
+    starts one process (it sets ACCELERATE_USE_CPU and a MASTER_PORT but WORLD_SIZE stays 1), gets a warning."""
+    import warnings
+
+    from hf_specdiff.training import _several_cpu_processes
+
+    for name in ("WORLD_SIZE", "ACCELERATE_USE_CPU", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not _several_cpu_processes()
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        assert _several_cpu_processes()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not _several_cpu_processes()  # GPUs: accelerate's own device placement
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "true")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    with pytest.warns(UserWarning, match="starts one process"):
+        assert not _several_cpu_processes()
+
+
+def test_a_checkpoint_from_before_a_setting_existed_resumes_and_other_settings_are_refused(workspace):
+    """A run's checkpoint records its settings; a setting added to TrainConfig since counts at its default."""
+    root, _, _ = workspace
+    config = base_config(root, "older", max_steps=6, save_every=3, eval_every=6)
+    out = train(config, progress=False)
+    state = out / "checkpoint" / "state.json"
+    saved = json.loads(state.read_text())
+    del saved["config"]["kl_top_k"], saved["config"]["kl_weighting"]  # written before these existed
+    state.write_text(json.dumps(saved))
+    train(config, progress=False)  # resumes at its last step: nothing to do
+    with pytest.raises(ValueError, match=r"other settings \(\['kl_weighting'\]\)"):
+        train(replace(config, kl_weighting="streak"), progress=False)
