@@ -125,7 +125,10 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     records, done = _resume(records_file, settings)
     drafters = [m for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter) if m is not None]
     with torch_threads(threads):
-        timers = {id(m): _ForwardTimer(m) for m in {id(m): m for m in (verifier, *drafters)}.values()}
+        timers = {}
+        for model in (verifier, *drafters):  # one timer per model, however many methods share it
+            if id(model) not in timers:
+                timers[id(model)] = _ForwardTimer(model)
         try:
             for index, item in enumerate(tqdm(prompts[done:], desc="bench", initial=done, total=len(prompts),
                                               disable=not progress), start=done):

@@ -425,6 +425,7 @@ class TreeRound:
     drafts: list | torch.Tensor  # the drafter's drafts in the tree (possibly pruned)
     draft_scores: torch.Tensor | None  # [g, V] the drafter's processed logits; None if it did not draft
     tree: DraftTree
+    tokens: torch.Tensor  # [N] the tree's node tokens, on the verifier's device
     started: float  # time.perf_counter() at the round's start
 
 
@@ -457,7 +458,7 @@ class TreeDecoding:
         while not stopped:
             round_ = self.draft_tree(input_ids, cache)
             outputs = self.verify(round_, cache)
-            target_scores = self.target_scores(input_ids, outputs.logits[0].float(), round_.tree)
+            target_scores = self.target_scores(input_ids, outputs.logits[0].float(), round_)
             path, next_token = self.accept(round_, target_scores)
             compact_cache(cache, len(round_.tree), path)
             self.learn(round_, path)
@@ -493,7 +494,8 @@ class TreeDecoding:
         if not self.do_sample:  # a node costs verifier compute: keep the nodes most likely to be accepted
             lookup, drafts = self._prune(lookup, draft_scores)
         tree = DraftTree.from_drafts(drafts, fixed=lookup)
-        return TreeRound(input_ids[:, past:], past, lookup, drafts, draft_scores, tree, started)
+        return TreeRound(input_ids[:, past:], past, lookup, drafts, draft_scores, tree, tree.tokens.to(input_ids.device),
+                         started)
 
     def _prune(self, lookup: list[int], draft_scores: torch.Tensor | None) -> tuple[list[int], list[list[int]]]:
         """Greedy: the K likeliest drafts under the marginals and the lookup draft, cut to the best tree nodes."""
@@ -514,7 +516,7 @@ class TreeDecoding:
         positions = tree_positions(round_.past, committed.shape[1], tree).to(committed.device)
         with grouped_heads_in_sdpa(self.verifier):
             return self.verifier(
-                input_ids=torch.cat([committed, tree.tokens.to(committed.device)[None]], dim=1),
+                input_ids=torch.cat([committed, round_.tokens[None]], dim=1),
                 position_ids=positions[None],
                 attention_mask=tree_attention_mask(self.verifier, cache, committed.shape[1], tree, self.verifier.dtype),
                 past_key_values=cache,
@@ -523,14 +525,14 @@ class TreeDecoding:
                 **({"output_hidden_states": self.drafter.verifier_hidden_states} if self.conditioned else {}),
             )
 
-    def target_scores(self, input_ids: torch.LongTensor, logits: torch.Tensor, tree: DraftTree) -> torch.Tensor:
+    def target_scores(self, input_ids: torch.LongTensor, logits: torch.Tensor, round_: TreeRound) -> torch.Tensor:
         """The verifier's processed logits [1 + N, V]: the last committed token, then each node, each processed with
         its own context (the committed tokens and the node's path), one batch per depth."""
         if not len(self.logits_processor):
             return logits
+        tree, tokens = round_.tree, round_.tokens
         scores = torch.empty_like(logits)
         scores[0] = self.logits_processor(input_ids, logits[:1])[0]
-        tokens = tree.tokens.to(input_ids.device)
         for depth in range(1, int(tree.depths.max()) + 1 if len(tree) else 1):
             nodes = (tree.depths == depth).nonzero().flatten()
             paths = torch.stack([tokens[tree.path(n)] for n in nodes.tolist()])
@@ -565,14 +567,14 @@ class TreeDecoding:
         committed = round_.committed[0]
         features = self.drafter.select_features(outputs.hidden_states)[0]
         read_positions = torch.cat([torch.arange(len(committed)), len(committed) + torch.tensor(path, dtype=torch.long)])
-        read_tokens = torch.cat([committed, round_.tree.tokens.to(committed.device)[path]])
+        read_tokens = torch.cat([committed, round_.tokens[path]])
         self.drafter_cache.verifier_features.record(round_.past, read_tokens,
                                                     features[read_positions.to(features.device)])
 
     def commit(self, input_ids: torch.LongTensor, round_: TreeRound, path: list[int], next_token: int,
                target_scores: torch.Tensor) -> tuple[torch.LongTensor, bool]:
         """Append the accepted path and the next token, cut where a stopping criterion fires, stream them."""
-        tokens = round_.tree.tokens.to(input_ids.device)
+        tokens = round_.tokens
         start = input_ids.shape[1]
         new_tokens = torch.cat([tokens[path], tokens.new_tensor([next_token])])
         input_ids = torch.cat([input_ids, new_tokens[None]], dim=1)

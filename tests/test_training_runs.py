@@ -70,7 +70,7 @@ def test_killed_training_resumes_to_the_same_weights(workspace, monkeypatch):
     config = base_config(root, "killed", max_steps=120, save_every=20)
     args = [sys.executable, "-m", "hf_specdiff.train", *_flags(config)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch.get_num_threads())}  # as in-process
-    step = _kill_after_checkpoint(args, env, Path(config.out), 40)
+    step, _ = _kill_after_checkpoint(args, env, Path(config.out), 40)
     assert 40 <= step < 120, "the run was not killed mid-way"
     assert not (Path(config.out) / "model.safetensors").exists()
     resumed = train(config, progress=False)
@@ -81,9 +81,9 @@ def test_killed_training_resumes_to_the_same_weights(workspace, monkeypatch):
     assert not differ, f"resumed from step {step}, the weights differ (max abs difference): {differ}"
 
 
-def _kill_after_checkpoint(command: list[str], env: dict, out: Path, step: int) -> int:
+def _kill_after_checkpoint(command: list[str], env: dict, out: Path, step: int) -> tuple[int, int]:
     """Start a training `command`, SIGKILL it and every process it started once `out` holds a checkpoint of `step`
-    or later, and return the step of the checkpoint left behind."""
+    or later; return the step of the checkpoint left behind and how many training processes it had started."""
     process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     state = out / "checkpoint" / "state.json"
     deadline = time.time() + 300
@@ -92,12 +92,20 @@ def _kill_after_checkpoint(command: list[str], env: dict, out: Path, step: int) 
             break
         time.sleep(0.02)
     launcher = psutil.Process(process.pid)
-    processes = [*launcher.children(recursive=True), launcher]  # torchrun gives its workers their own sessions
-    for each in processes:
+    children = launcher.children(recursive=True)  # torchrun gives its workers their own sessions
+    trainers = sum("hf_specdiff.train" in " ".join(_command_line(child)) for child in children)
+    for each in [*children, launcher]:
         each.kill()
     process.wait()
-    psutil.wait_procs(processes, timeout=10)
-    return json.loads(state.read_text())["step"]
+    psutil.wait_procs([*children, launcher], timeout=10)
+    return json.loads(state.read_text())["step"], trainers
+
+
+def _command_line(process) -> list[str]:
+    try:
+        return process.cmdline()
+    except psutil.Error:
+        return []
 
 
 def _flags(config: TrainConfig) -> list[str]:
@@ -111,27 +119,26 @@ def _losses(out: Path) -> dict[int, float]:
 
 
 @pytest.mark.slow
-def test_two_processes_train_as_one_and_resume_after_a_kill(workspace):
+def test_two_processes_train_as_one_and_a_killed_run_resumes_in_one(workspace):
     """Two CPU processes (`accelerate launch --multi_gpu --num_processes 2`, torchrun underneath; accelerate's `--cpu`
     launches one process unless it has mpirun): each trains on its half of the same global batch, so the run follows
-    the single-process one (up to the rounding of the gradient all-reduce), and a killed run resumes."""
+    the single-process one (up to the rounding of the gradient all-reduce); killed, it resumes in one process."""
     root, _, _ = workspace
-    one = base_config(root, "one-process", max_steps=150, save_every=10, log_every=1, eval_every=150)
+    one = base_config(root, "one-process", max_steps=80, save_every=10, log_every=1, eval_every=80)
     train(one, progress=False)
     two = replace(one, out=str(root / "two-processes"))
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
               "29517", "-m", "hf_specdiff.train", *_flags(two)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    killed_at = _kill_after_checkpoint(launch, env, Path(two.out), 30)
-    assert 30 <= killed_at < 150, f"the run was not killed mid-way (step {killed_at})"
+    killed_at, workers = _kill_after_checkpoint(launch, env, Path(two.out), 30)
+    assert 30 <= killed_at < 80 and workers == 2, f"killed at step {killed_at} with {workers} workers"
     assert not (Path(two.out) / "model.safetensors").exists()
-    result = subprocess.run(launch, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
+    train(two, progress=False)  # the batch is global: the run resumes in any number of processes
     recipe = json.loads((Path(two.out) / "training_recipe.json").read_text())
-    assert recipe["resumed_from_step"] == killed_at and "2 processes" in recipe["machine"]
+    assert recipe["resumed_from_step"] == killed_at
     a, b = _losses(Path(one.out)), _losses(Path(two.out))
-    assert a.keys() == b.keys() == set(range(1, 151))
+    assert a.keys() == b.keys() == set(range(1, 81))
     differ = max(abs(a[k] - b[k]) / a[k] for k in a)
     assert differ < 1e-4, f"the 2-process losses differ from the 1-process ones by up to {differ:.2e}"  # seen: 5e-6
-    assert a[150] < 0.8 * a[1]  # and it learned
+    assert a[80] < 0.8 * a[1]  # and it learned
