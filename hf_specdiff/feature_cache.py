@@ -96,9 +96,12 @@ def attach_features(data, verifier, drafter, rows: list[dict], top_k: int = 0, p
         if verifier is None:
             missing = "features" if features is None else f"verifier top-{top_k}"
             raise ValueError(f"{data} has no {missing} cached for these rows: computing them needs the verifier")
-        features, top = compute_features(verifier, drafter, rows, top_k, progress=progress)
-        _save(cache_path(data, drafter.config.verifier_layer_ids), features)
-        if top_k:
+        computed, computed_top = compute_features(verifier, drafter, rows, top_k, progress=progress)
+        if features is None:  # write only what was missing (the features file is the large one)
+            features = computed
+            _save(cache_path(data, drafter.config.verifier_layer_ids), features)
+        if top_k and top is None:
+            top = computed_top
             _save(top_k_cache_path(data, top_k), top)
     for i, row in enumerate(rows):
         row["features"] = features[i]
