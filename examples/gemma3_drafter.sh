@@ -24,5 +24,5 @@ hf-specdiff train --verifier $V --data "$RUN/data_greedy" --objective ce-streak 
     --eval-fraction 0.08 --feature-cache true --out "$RUN/drafter"
 hf-specdiff bench --verifier $V --drafter "$RUN/drafter" --prompts ../shared/data/spec_bench/question.jsonl \
     --per-category 1 --max-new-tokens 128 --num-drafts 1,4 --with-lookup --method "prompt lookup" \
-    --method "SpecDiff-2 conditioned drop-in" --method "SpecDiff-2 conditioned (K=1)" \
-    --method "SpecDiff-2 conditioned (K=4) + lookup" --out docs/results/gemma3-270m/bench
+    --method "SpecDiff-2 dflash drop-in" --method "SpecDiff-2 dflash (K=1)" \
+    --method "SpecDiff-2 dflash (K=4) + lookup" --out docs/results/gemma3-270m/bench

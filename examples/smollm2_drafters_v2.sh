@@ -28,5 +28,5 @@ python examples/learning_curves.py "$OUT"/specdiff-rows* "$OUT"/dflash-rows* --o
 # the dflash drafter trained on all rows, against plain decoding and prompt lookup (1 per category, 128 new tokens)
 hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --per-category 1 --max-new-tokens 128 \
     --drafter "$OUT/dflash-rows0" --num-drafts 1,4 --with-lookup --method "prompt lookup" \
-    --method "SpecDiff-2 conditioned (K=1)" --method "SpecDiff-2 dflash, transformers' loop" \
-    --method "SpecDiff-2 conditioned (K=4) + lookup" --out docs/results/smollm2-v2/bench
+    --method "SpecDiff-2 dflash (K=1)" --method "SpecDiff-2 dflash, transformers' loop" \
+    --method "SpecDiff-2 dflash (K=4) + lookup" --out docs/results/smollm2-v2/bench

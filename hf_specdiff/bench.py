@@ -70,7 +70,7 @@ class _ForwardTimer:
 
 def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_drafter=None,
                   num_drafts: tuple[int, ...] = (1,), prompt_lookup_tokens: int = 10,
-                  with_lookup: bool = False) -> dict[str, dict]:
+                  with_lookup: bool = False, dflash_drafter=None) -> dict[str, dict]:
     """The methods `benchmark` runs with these drafters: name -> generation options, in run order."""
     methods = {"plain": dict()}
     methods["prompt lookup"] = dict(prompt_lookup_num_tokens=prompt_lookup_tokens)
@@ -84,13 +84,15 @@ def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_
         methods["SpecDiff-2 drop-in"] = dict(assistant_model=drafter)
         for k in num_drafts:
             methods[f"SpecDiff-2 (K={k})"] = dict(specdiff=drafter, num_drafts=k)
-    if conditioned_drafter is not None:
-        methods["SpecDiff-2 conditioned drop-in"] = dict(assistant_model=conditioned_drafter, attach=True)
-        if getattr(conditioned_drafter.config, "layout", None) == "dflash":  # transformers' own DFlash loop
-            methods["SpecDiff-2 dflash, transformers' loop"] = dict(assistant_model=conditioned_drafter,
+    for kind, conditioned in (("conditioned", conditioned_drafter), ("dflash", dflash_drafter)):
+        if conditioned is None:
+            continue
+        methods[f"SpecDiff-2 {kind} drop-in"] = dict(assistant_model=conditioned, attach=True)
+        if kind == "dflash":  # transformers' own DFlash loop
+            methods["SpecDiff-2 dflash, transformers' loop"] = dict(assistant_model=conditioned,
                                                                      speculation_type="dflash")
         for k in num_drafts:
-            methods[f"SpecDiff-2 conditioned (K={k})"] = dict(specdiff=conditioned_drafter, num_drafts=k)
+            methods[f"SpecDiff-2 {kind} (K={k})"] = dict(specdiff=conditioned, num_drafts=k)
     if with_lookup:
         for name in [m for m in methods if m.startswith("SpecDiff") and "specdiff" in methods[m]]:
             methods[f"{name} + lookup"] = dict(methods[name], lookup_tokens=prompt_lookup_tokens)
@@ -98,15 +100,17 @@ def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_
 
 
 def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_drafter=None, ar_drafter=None,
-              conditioned_drafter=None, num_drafts: tuple[int, ...] = (1,), max_new_tokens: int = 256,
+              conditioned_drafter=None, dflash_drafter=None, num_drafts: tuple[int, ...] = (1,),
+              max_new_tokens: int = 256,
               prompt_lookup_tokens: int = 10, with_lookup: bool = False, only: list[str] | None = None,
               records_file=None, run_info: dict | None = None, progress: bool = True,
               threads: int | None = None) -> dict:
     """Run every available method on every prompt (interleaved) and return per-category and overall results.
 
     `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
-    hidden states (`by_kind` sorts drafters into these two), `mdlm_drafter` an unaligned one of either kind (its
-    label says which); any may be None. Each runs at every K in `num_drafts`. `with_lookup` adds, for every SpecDiff
+    hidden states, `dflash_drafter` one of the dflash layout (also run through transformers' own DFlash loop);
+    `by_kind` sorts drafters into these three. `mdlm_drafter` is an unaligned one of either kind (its label says
+    which); any may be None. Each runs at every K in `num_drafts`. `with_lookup` adds, for every SpecDiff
     method, a "+ lookup" one whose tree also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens). `only`
     keeps the named methods (plain always runs: it is the reference). `records_file` (JSON lines) receives each
     prompt's records when the prompt is done; if it exists, its finished prompts are kept and the run goes on from
@@ -114,7 +118,7 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     drafter paths) are the same. `threads` sets torch's thread count for the run; the caller's count is restored
     on return."""
     methods = bench_methods(drafter, mdlm_drafter, ar_drafter, conditioned_drafter, num_drafts, prompt_lookup_tokens,
-                            with_lookup)
+                            with_lookup, dflash_drafter)
     if only is not None:
         unknown = [m for m in only if m not in methods]
         if unknown:
@@ -123,7 +127,7 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     settings = {"methods": list(methods), "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
                 "prompt_lookup_tokens": prompt_lookup_tokens, "prompts": _fingerprint(prompts), **(run_info or {})}
     records, done = _resume(records_file, settings)
-    drafters = [m for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter) if m is not None]
+    drafters = [m for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter, dflash_drafter) if m is not None]
     with torch_threads(threads):
         timers = {}
         for model in (verifier, *drafters):  # one timer per model, however many methods share it
@@ -144,13 +148,16 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
 
 
 def by_kind(drafters: list) -> dict:
-    """`benchmark`'s drafter arguments for SpecDiff drafters of either kind: {"drafter": standalone,
-    "conditioned_drafter": conditioned}, at most one of each."""
-    kinds = {"drafter": [], "conditioned_drafter": []}
+    """`benchmark`'s drafter arguments for SpecDiff drafters: {"drafter": standalone, "conditioned_drafter":
+    conditioned, "dflash_drafter": dflash layout}, at most one of each."""
+    kinds = {"drafter": [], "conditioned_drafter": [], "dflash_drafter": []}
     for d in drafters:
-        kinds["conditioned_drafter" if d.config.is_conditioned else "drafter"].append(d)
+        kind = "dflash_drafter" if getattr(d.config, "layout", None) == "dflash" else \
+            "conditioned_drafter" if d.config.is_conditioned else "drafter"
+        kinds[kind].append(d)
     if any(len(found) > 1 for found in kinds.values()):
-        raise ValueError("the drafters are the same kind: pass one standalone and one conditioned")
+        raise ValueError("the drafters are the same kind: pass at most one standalone, one conditioned and one of "
+                         "the dflash layout")
     return {name: (found or [None])[0] for name, found in kinds.items()}
 
 

@@ -280,8 +280,8 @@ def _bench_parser(sub):
     p.add_argument("--verifier", default="smollm2-135m-instruct")
     p.add_argument("--drafter", default=None, help="the aligned SpecDiff drafter (default: the shipped one)")
     p.add_argument("--compare-drafter", default=None,
-                   help="an aligned SpecDiff drafter of the other kind (standalone or conditioned on the verifier's "
-                        "hidden states), benchmarked beside --drafter")
+                   help="an aligned SpecDiff drafter of another kind than --drafter (standalone, conditioned on the "
+                        "verifier's hidden states, or of the dflash layout), benchmarked beside it")
     p.add_argument("--mdlm-drafter", default=None, help="an unaligned (mdlm) SpecDiff drafter")
     p.add_argument("--ar-drafter", default=None, help="an autoregressive drafter for transformers' assistant path")
     p.add_argument("--num-drafts", default="1,4", help="comma-separated K values for SpecDiff-2")

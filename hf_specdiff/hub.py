@@ -70,24 +70,18 @@ def render_card(folder, base_model: str, bench: dict | list[tuple[str, dict]] | 
     config = json.loads((Path(folder) / "config.json").read_text())
     name = Path(folder).resolve().name
     layers = config.get("verifier_layer_ids")
-    kind = (f"conditioned: reads the verifier's hidden states at layers {layers} (fused by one projection; the "
-            "draft block attends to them) besides the last committed token" if layers else
-            "standalone: drafts from the committed tokens alone")
+    dflash = config.get("layout") == "dflash"
     assistant = "drafter.attach(verifier)" if layers else "drafter"
+    tags = ("speculative-decoding", "diffusion", "specdiff", "hf_specdiff", "assistant-model", *(("dflash",) * dflash))
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", f"base_model: {base_model}",
              f"license: {license}", "datasets:", *[f"  - {d}" for d in datasets], "tags:",
-             *[f"  - {t}" for t in ("speculative-decoding", "diffusion", "specdiff", "hf_specdiff", "assistant-model")],
-             "---", "", f"# {name}", "",
+             *[f"  - {t}" for t in tags], "---", "", f"# {name}", "",
              f"A SpecDiff discrete-diffusion drafter for [{base_model}](https://huggingface.co/{base_model}): pass it as "
              "`assistant_model` (or to `hf_specdiff.generate`) and the verifier checks its drafts, so the output stays "
              "exactly the verifier's (greedy: identical tokens in fp32; sampling: the same distribution). How much "
              "faster it is: see the benchmark below.", "",
-             f"- kind: {kind}",
-             f"- body: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, block of "
-             f"{config['block_size']} tokens drafted in {config['num_denoising_steps']} denoising step(s)",
-             f"- draft vocabulary: {len(config['draft_token_ids']) if config.get('draft_token_ids') else 'full'} of "
-             f"{config['vocab_size']} tokens (the drafter gives 0 probability to the rest; decoding stays lossless)",
-             "", "## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
+             *_kind_lines(config), "", "## Usage", "", "```python",
+             "from transformers import AutoModelForCausalLM, AutoTokenizer",
              f'verifier = AutoModelForCausalLM.from_pretrained("{base_model}")',
              f'tokenizer = AutoTokenizer.from_pretrained("{base_model}")',
              f'drafter = AutoModelForCausalLM.from_pretrained("<org>/{name}", trust_remote_code=True)',
@@ -97,7 +91,8 @@ def render_card(folder, base_model: str, bench: dict | list[tuple[str, dict]] | 
              *(["drafter.detach()  # removes the hooks that record the verifier's hidden states"] if layers else []),
              "# SpecDiff-2 self-selection (K drafts and a prompt-lookup draft verified as one tree):",
              "# pip install hf_specdiff, then",
-             "# out = hf_specdiff.generate(verifier, drafter, **inputs, num_drafts=4, lookup_tokens=10)", "```", ""]
+             "# out = hf_specdiff.generate(verifier, drafter, **inputs, num_drafts=4, lookup_tokens=10)",
+             *(_DFLASH_USAGE if dflash else []), "```", ""]
     benches = [("Benchmark", bench)] if isinstance(bench, dict) else list(bench or [])
     for title, run in benches:
         lines += [f"## {title}", "", "Spec-Bench, speed-up over plain `generate` (tau = tokens per verifier forward, "
@@ -110,6 +105,36 @@ def render_card(folder, base_model: str, bench: dict | list[tuple[str, dict]] | 
     if reproduce:
         lines += ["## Reproduce", "", "```bash", reproduce, "```", ""]
     return "\n".join(lines)
+
+
+_DFLASH_USAGE = [
+    "# transformers' own DFlash loop, on this folder as it is:",
+    '# out = verifier.generate(**inputs, assistant_model=drafter, speculation_type="dflash", max_new_tokens=256)',
+    "# exports that need no remote code: transformers' muse_glimmer_assistant, and z-lab's layout (vLLM, SGLang):",
+    "# hf-specdiff export THIS_FOLDER OUT --format transformers   # or --format dflash"]
+
+
+def _kind_lines(config: dict) -> list[str]:
+    """The card's description of a drafter: its kind, body and draft vocabulary."""
+    layers = config.get("verifier_layer_ids")
+    if config.get("layout") == "dflash":
+        kind = (f"dflash layout: reads the verifier's hidden states at layers {layers} (fused by one projection) and "
+                "drafts with the verifier's own embeddings and head, which it does not store: it runs only with "
+                "the verifier attached")
+    elif layers:
+        kind = (f"conditioned: reads the verifier's hidden states at layers {layers} (fused by one projection; the "
+                "draft block attends to them) besides the last committed token")
+    else:
+        kind = "standalone: drafts from the committed tokens alone"
+    vocabulary = len(config["draft_token_ids"]) if config.get("draft_token_ids") else "full"
+    block = config["block_size"]
+    drafted = f"{block} (the anchor and {block - 1} drafted tokens)" if config.get("layout") == "dflash" else \
+        f"{block} tokens"
+    return [f"- kind: {kind}",
+            f"- body: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, block of {drafted} "
+            f"drafted in {config['num_denoising_steps']} denoising step(s)",
+            f"- draft vocabulary: {vocabulary} of {config['vocab_size']} tokens (the drafter gives 0 probability to "
+            "the rest; decoding stays lossless)"]
 
 
 def _recipe_lines(recipe: dict) -> list[str]:

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from hf_specdiff.bench import bench_methods, benchmark, read_spec_bench, save
+from hf_specdiff.bench import bench_methods, benchmark, by_kind, read_spec_bench, save
 from helpers import tiny_dflash_drafter, greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 
@@ -78,14 +78,20 @@ def test_bench_labels_a_conditioned_mdlm_drafter_and_gives_it_self_selection_and
         assert summary["results"]["overall"][name]["exact_match"] == 1.0
 
 
-def test_bench_runs_a_dflash_drafter_through_transformers_loop_too(tmp_path):
+def test_bench_runs_a_dflash_drafter_beside_a_conditioned_one_and_through_transformers_loop(tmp_path):
     verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
-    names = ["SpecDiff-2 dflash, transformers' loop", "SpecDiff-2 conditioned (K=1)"]
-    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 2), conditioned_drafter=tiny_dflash_drafter(verifier),
-                        max_new_tokens=12, only=names, progress=False)
+    dflash, conditioned = tiny_dflash_drafter(verifier), tiny_drafter(verifier, block_size=8, conditioned=True)
+    kinds = by_kind([dflash, conditioned])
+    assert kinds == {"drafter": None, "conditioned_drafter": conditioned, "dflash_drafter": dflash}
+    names = ["SpecDiff-2 conditioned (K=1)", "SpecDiff-2 dflash drop-in", "SpecDiff-2 dflash, transformers' loop",
+             "SpecDiff-2 dflash (K=1)"]
+    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 2), **kinds, max_new_tokens=12, only=names,
+                        progress=False)
     assert summary["methods"] == ["plain", *names]
     for name in names:
         assert summary["results"]["overall"][name]["exact_match"] == 1.0
+    with pytest.raises(ValueError, match="the drafters are the same kind"):
+        by_kind([dflash, tiny_dflash_drafter(verifier)])
 
 
 def test_bench_resumes_after_a_crash_without_redoing_finished_prompts(tmp_path):
@@ -129,7 +135,6 @@ def test_the_recipe_names_only_methods_the_bench_has():
         config=SimpleNamespace(is_conditioned=conditioned, layout=layout))
     known = set()
     for mdlm_conditioned in (False, True):
-        for layout in ("specdiff", "dflash"):
-            known |= set(bench_methods(kind(False), kind(mdlm_conditioned), object(), kind(True, layout), (1, 4),
-                                       with_lookup=True))
+        known |= set(bench_methods(kind(False), kind(mdlm_conditioned), object(), kind(True), (1, 4),
+                                   with_lookup=True, dflash_drafter=kind(True, "dflash")))
     assert asked and asked <= known, asked - known

@@ -3,7 +3,7 @@
 import json
 
 from hf_specdiff.cli import main
-from helpers import tiny_drafter, tiny_verifier
+from helpers import tiny_dflash_drafter, tiny_drafter, tiny_verifier
 
 
 def test_card_validate_and_push_dry_run(tmp_path, capsys):
@@ -54,3 +54,15 @@ def test_card_of_a_conditioned_drafter_says_so_and_attaches(tmp_path):
     standalone = tmp_path / "specdiff-alone"
     tiny_drafter(tiny_verifier("llama")).save_pretrained(standalone)
     assert "kind: standalone" in render_card(standalone, "org/tiny")
+
+
+def test_card_of_a_dflash_drafter_says_it_borrows_the_verifier_and_how_to_export_it(tmp_path):
+    from hf_specdiff.hub import render_card
+
+    folder = tmp_path / "specdiff-dflash"
+    tiny_dflash_drafter(tiny_verifier("llama")).save_pretrained(folder)
+    card = render_card(folder, "org/tiny")
+    assert "kind: dflash layout" in card and "does not store" in card
+    assert "  - dflash\n" in card.split("---")[1]
+    assert 'speculation_type="dflash"' in card and "--format dflash" in card
+    assert "block of 8 (the anchor and 7 drafted tokens)" in card

@@ -39,8 +39,8 @@ def test_policy_drafts_long_only_where_it_pays(slope, rate, expected):
     assert expected[0] <= length <= expected[1]
 
 
-def drop_in(verifier, drafter, prompt, lengths):
-    """Plain assisted generation with `drafter`; `lengths` receives the length of every draft it returned."""
+def drop_in(verifier, drafter, prompt, lengths, do_sample=False):
+    """Plain assisted generation with `drafter`; `lengths` receives the length of every draft it made."""
     original = drafter.draft
 
     def draft(input_ids, cache, num_tokens, *args, **kwargs):
@@ -49,7 +49,7 @@ def drop_in(verifier, drafter, prompt, lengths):
 
     drafter.draft = draft
     try:
-        return verifier.generate(prompt, assistant_model=drafter, max_new_tokens=60, do_sample=False,
+        return verifier.generate(prompt, assistant_model=drafter, max_new_tokens=60, do_sample=do_sample,
                                  eos_token_id=None)
     finally:
         del drafter.draft
@@ -125,3 +125,25 @@ def test_k1_loop_skips_drafting_where_it_does_not_pay_and_probes_now_and_then():
                                              eos_token_id=None).tolist()
     drafting_rounds = stats.drafted[0] if stats.drafted else 0
     assert 1 <= drafting_rounds <= 40 // DraftLengthPolicy.probe_every + 1, stats.as_dict()
+
+
+def test_drop_in_path_skips_drafting_where_it_does_not_pay_greedy_only():
+    """transformers' greedy loop takes an empty draft (a plain step), so the drop-in drafter drafts only every
+    probe_every-th round when drafting costs more than it brings; sampling needs a draft in every round."""
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8)
+    for length, seconds in ((1, 3.0), (2, 5.0)):  # as if each drafted token cost twice a plain step
+        drafter.length_policy.costs.record(length, seconds)
+    lengths = []
+    out = drop_in(verifier, drafter, PROMPTS[:1], lengths)
+    assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=60, do_sample=False,
+                                             eos_token_id=None).tolist()
+    assert 1 <= len(lengths) <= 60 // DraftLengthPolicy.probe_every + 1, lengths
+    lengths, forwards = [], []
+    hook = verifier.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        torch.manual_seed(0)
+        sampled = drop_in(verifier, drafter, PROMPTS[:1], lengths, do_sample=True)
+    finally:
+        hook.remove()
+    assert sampled.shape[1] == PROMPTS.shape[1] + 60 and len(forwards) == len(lengths) and min(lengths) >= 1

@@ -151,3 +151,47 @@ def test_dflash_layout_is_exact_on_the_real_verifier_and_through_its_export(smol
         assert out.tolist() == {plain!r}, out.tolist()
     """)
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
+
+
+SHIPPED_DFLASH = __import__("pathlib").Path(__file__).resolve().parents[1] / "model_cards" / \
+    "specdiff-dflash-smollm2-135m-instruct"
+
+
+@pytest.mark.slow
+def test_shipped_dflash_drafter_is_exact_and_drafts_through_its_transformers_export(smollm2, tmp_path):
+    """The shipped dflash-layout drafter, exported with `hf-specdiff export --format transformers`, in a process that
+    cannot import hf_specdiff: fp32 greedy through transformers' own DFlash loop equals plain greedy, and it drafts
+    (tokens per verifier forward > 1.5: an export whose weights did not load would accept nothing)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    from hf_specdiff.cli import main
+
+    model, tokenizer = smollm2
+    prompts = ["Write a Python function that returns the squares of a list of numbers.", "Name three colours."]
+    inputs = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"] for p in prompts]
+    plain = [model.generate(ids, max_new_tokens=48, do_sample=False).tolist() for ids in inputs]
+    drafter = hf_specdiff.SpecDiffDrafter.from_pretrained(SHIPPED_DFLASH, dtype=torch.float32).eval()
+    assert hf_specdiff.generate(model, drafter, input_ids=inputs[0], max_new_tokens=48).tolist() == plain[0]
+    assert main(["export", str(SHIPPED_DFLASH), str(tmp_path / "export"), "--format", "transformers"]) == 0
+    script = textwrap.dedent(f"""
+        import json, sys, torch
+        sys.modules["hf_specdiff"] = None
+        from transformers import AutoModel, AutoModelForCausalLM
+        verifier = AutoModelForCausalLM.from_pretrained({str(verifiers.prepare_verifier("smollm2-135m-instruct"))!r},
+                                                        dtype=torch.float32).eval()
+        drafter = AutoModel.from_pretrained({str(tmp_path / "export")!r}, dtype=torch.float32).eval()
+        forwards = []
+        verifier.register_forward_hook(lambda *_: forwards.append(1))
+        outs = [verifier.generate(torch.tensor(ids), assistant_model=drafter, speculation_type="dflash",
+                                  max_new_tokens=48, do_sample=False).tolist() for ids in {[i.tolist() for i in inputs]}]
+        print(json.dumps({{"outs": outs, "forwards": len(forwards)}}))
+    """)
+    result = json.loads(subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path, capture_output=True,
+                                       text=True).stdout.splitlines()[-1])
+    assert result["outs"] == plain
+    new_tokens = sum(len(p[0]) - ids.shape[1] for p, ids in zip(plain, inputs))
+    assert new_tokens / result["forwards"] > 1.5, (new_tokens, result["forwards"])

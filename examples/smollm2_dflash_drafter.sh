@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# The SmolLM2 dflash-layout drafter of model_cards/specdiff-dflash-smollm2-135m-instruct, end to end:
+#   1. data: examples/smollm2_data_v2.sh at the sizes the drafter was trained on (708 Magpie + 1,300 builder prompts,
+#      the verifier's greedy responses to 1,200 of them: 183k response tokens);
+#   2. 1,500 steps at lr 1e-3: examples/smollm2_dflash_steps.sh (still step-limited at its end);
+#   3. CONTINUE more steps from that drafter at lr 5e-4 (a warm restart of the cosine schedule), same data and split.
+# Every stage is resumable: rerun after an interruption.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUN=${RUN:-runs/smollm2_v2}
+DATA=${DATA:-$RUN/data_greedy}
+CONTINUE=${CONTINUE:-1200}
+FIRST=$RUN/drafters/dflash-steps1500
+OUT=${OUT:-$RUN/drafters/dflash-steps1500+$CONTINUE}
+
+[ -f "$DATA/meta.json" ] || DTYPE=fp32 MAGPIE=708 BUILDER=1300 SAMPLES=1200 RUN=$RUN bash examples/smollm2_data_v2.sh
+[ -f "$FIRST/model.safetensors" ] || RUN=$RUN DATA=$DATA bash examples/smollm2_dflash_steps.sh
+hf-specdiff train --verifier smollm2-135m-instruct --data "$DATA" --objective ce-streak --verifier-layers auto \
+    --block-size 16 --seq-len 192 --batch-size 8 --lr 5e-4 --warmup-steps 20 --max-steps "$CONTINUE" --save-every 100 \
+    --eval-every 100 --draft-vocab-size 8192 --precision fp32 --eval-fraction 0.08 --feature-cache true \
+    --layout dflash --num-hidden-layers 3 --mask-token-id 16 --init "$FIRST" --out "$OUT"
+python examples/held_out_acceptance.py "$FIRST" "$OUT" --out "docs/results/smollm2-v2/dflash_continued.json"
