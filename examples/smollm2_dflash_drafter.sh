@@ -20,3 +20,26 @@ hf-specdiff train --verifier smollm2-135m-instruct --data "$DATA" --objective ce
     --eval-every 100 --draft-vocab-size 8192 --precision fp32 --eval-fraction 0.08 --feature-cache true \
     --layout dflash --num-hidden-layers 3 --mask-token-id 16 --init "$FIRST" --out "$OUT"
 python examples/held_out_acceptance.py "$FIRST" "$OUT" --out "docs/results/smollm2-v2/dflash_continued.json"
+
+# 4. the model card folder: the drafter in bf16 (it stores no embeddings or head: 23 MB), its recipe
+CARD=model_cards/specdiff-dflash-smollm2-135m-instruct
+python - "$OUT" "$CARD" <<'PY'
+import shutil, sys, torch
+from hf_specdiff.modeling_specdiff import SpecDiffDrafter
+SpecDiffDrafter.from_pretrained(sys.argv[1], dtype=torch.bfloat16).save_pretrained(sys.argv[2])
+shutil.copy(f"{sys.argv[1]}/training_recipe.json", sys.argv[2])
+PY
+# 5. Spec-Bench beside the shipped drafter and prompt lookup, one process: bf16 (2 per category), then fp32
+#    (1 per category, with transformers' own DFlash loop, which verifies the whole block every round)
+BENCH="hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --max-new-tokens 128 --num-drafts 1,4
+    --with-lookup --drafter model_cards/specdiff-smollm2-135m-instruct --compare-drafter $CARD"
+$BENCH --per-category 2 --dtype bf16 --method "prompt lookup" --method "SpecDiff-2 conditioned drop-in" \
+    --method "SpecDiff-2 conditioned (K=1)" --method "SpecDiff-2 conditioned (K=4) + lookup" \
+    --method "SpecDiff-2 dflash drop-in" --method "SpecDiff-2 dflash (K=1)" --method "SpecDiff-2 dflash (K=4) + lookup" \
+    --out "$CARD/bench"
+$BENCH --per-category 1 --dtype fp32 --method "prompt lookup" --method "SpecDiff-2 conditioned (K=1)" \
+    --method "SpecDiff-2 conditioned (K=4) + lookup" --method "SpecDiff-2 dflash drop-in" \
+    --method "SpecDiff-2 dflash, transformers' loop" --method "SpecDiff-2 dflash (K=1)" \
+    --method "SpecDiff-2 dflash (K=4) + lookup" --out "$CARD/bench-fp32"
+hf-specdiff card "$CARD" --base-model HuggingFaceTB/SmolLM2-135M-Instruct --bench "$CARD/bench/results.json" \
+    --bench "$CARD/bench-fp32/results.json" --reproduce "bash examples/smollm2_dflash_drafter.sh"

@@ -127,11 +127,15 @@ def test_k1_loop_skips_drafting_where_it_does_not_pay_and_probes_now_and_then():
     assert 1 <= drafting_rounds <= 40 // DraftLengthPolicy.probe_every + 1, stats.as_dict()
 
 
-def test_drop_in_path_skips_drafting_where_it_does_not_pay_greedy_only():
+@pytest.mark.parametrize("conditioned", [False, True])
+def test_drop_in_path_skips_drafting_where_it_does_not_pay_greedy_only(conditioned):
     """transformers' greedy loop takes an empty draft (a plain step), so the drop-in drafter drafts only every
-    probe_every-th round when drafting costs more than it brings; sampling needs a draft in every round."""
+    probe_every-th round when drafting costs more than it brings; sampling needs a draft in every round. A
+    conditioned drafter reads the skipped rounds' verifier features when it drafts next."""
     verifier = tiny_verifier("llama")
-    drafter = tiny_drafter(verifier, block_size=8)
+    drafter = tiny_drafter(verifier, block_size=8, conditioned=conditioned)
+    if conditioned:
+        drafter.attach(verifier)
     for length, seconds in ((1, 3.0), (2, 5.0)):  # as if each drafted token cost twice a plain step
         drafter.length_policy.costs.record(length, seconds)
     lengths = []

@@ -104,16 +104,17 @@ def test_pipeline_with_assistant_equals_plain_pipeline():
     assert assisted(prompt, **kwargs)[0]["generated_text"] == plain(prompt, **kwargs)[0]["generated_text"]
 
 
-def test_shipped_drafter_folder_carries_current_code_and_loads():
+@pytest.mark.parametrize("name", ["specdiff-smollm2-135m-instruct", "specdiff-dflash-smollm2-135m-instruct"])
+def test_shipped_drafter_folder_carries_current_code_and_loads(name):
     from pathlib import Path
 
     from hf_specdiff.hub import validate_model_folder
 
-    folder = Path(__file__).resolve().parents[1] / "model_cards" / "specdiff-smollm2-135m-instruct"
+    folder = Path(__file__).resolve().parents[1] / "model_cards" / name
     package = Path(hf_specdiff.__file__).parent
-    for name in ("configuration_specdiff.py", "modeling_specdiff.py", "generation_specdiff.py"):
-        assert (folder / name).read_text() == (package / name).read_text(), \
-            f"{name} is stale: re-save the drafter (SpecDiffDrafter.from_pretrained(folder).save_pretrained(folder))"
+    for file in ("configuration_specdiff.py", "modeling_specdiff.py", "generation_specdiff.py"):
+        assert (folder / file).read_text() == (package / file).read_text(), \
+            f"{file} is stale: re-save the drafter (SpecDiffDrafter.from_pretrained(folder).save_pretrained(folder))"
     assert validate_model_folder(folder) == []
     drafter = AutoModelForCausalLM.from_pretrained(folder)
     assert drafter.config.vocab_size == 49152 and drafter.config.eos_token_id == 2

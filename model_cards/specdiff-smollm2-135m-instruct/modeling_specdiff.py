@@ -573,8 +573,11 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         (the prefix cache to pass back next round).
 
         Called by the assisted loop (`generation_config.is_assistant`) with the drafter's schedule "adaptive" (the
-        default), it drafts as many of the tokens asked for as its `length_policy` finds worth verifying: at least
-        one, more where the drafter is accepted and an extra verified token is cheap on this machine.
+        default), it drafts as many of the tokens asked for as its `length_policy` finds worth verifying: more where
+        the drafter is accepted and an extra verified token is cheap on this machine, none where even one does not
+        pay (greedy only; a probe round every `DraftLengthPolicy.probe_every` keeps acceptance measured). An empty
+        draft returns `input_ids` unchanged and one placeholder score, which transformers' loop stacks but, greedy
+        without `assistant_ensemble_weight`, never reads: its verifier forward is then a plain greedy step.
         """
         generation_config = copy.deepcopy(generation_config or self.generation_config)
         generation_config.update(**{k: v for k, v in kwargs.items() if hasattr(generation_config, k)})
@@ -587,11 +590,16 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         rounds = self._assistant_rounds(past_key_values, generation_config)
         if rounds is not None:
             rounds.observe(input_ids)
-            num_tokens = min(num_tokens, rounds.policy.next_length())
+            num_tokens = min(num_tokens, rounds.policy.next_length(
+                allow_skip=_can_skip(generation_config, self.generation_config)))
         if self.config.is_conditioned:
             if self._hooks is None:
                 raise ValueError(_NEEDS_VERIFIER)
             past_key_values.verifier_features = self._hooks.features
+        if num_tokens == 0:  # not worth a draft: the loop's verifier forward is then a plain step
+            rounds.drafted(input_ids, input_ids[:, :0])
+            return GenerateDecoderOnlyOutput(sequences=input_ids, scores=(input_ids.new_zeros(1, 1).float(),),
+                                             past_key_values=past_key_values)
         if logits_processor is None:
             logits_processor = _sampling_processors(generation_config)
         draft, scores = self.draft(input_ids, past_key_values, num_tokens, logits_processor,
@@ -603,6 +611,14 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             scores=tuple(scores[:, None].unbind(0)),
             past_key_values=past_key_values,
         )
+
+
+def _can_skip(generation_config, own_config) -> bool:
+    """Whether transformers' assisted loop takes an empty draft: greedy, with no assistant ensemble and no
+    confidence threshold (the drafter's own) that would read the draft's scores. (Its sampling step reads them at
+    every drafted position, and needs at least one.)"""
+    return not generation_config.do_sample and generation_config.assistant_ensemble_weight is None and \
+        not own_config.assistant_confidence_threshold
 
 
 def _check_local_folder(path: str):
