@@ -116,8 +116,8 @@ _DFLASH_USAGE = [
 
 def _kind_lines(config: dict) -> list[str]:
     """The card's description of a drafter: its kind, body and draft vocabulary."""
-    layers = config.get("verifier_layer_ids")
-    if config.get("layout") == "dflash":
+    layers, dflash = config.get("verifier_layer_ids"), config.get("layout") == "dflash"
+    if dflash:
         kind = (f"dflash layout: reads the verifier's hidden states at layers {layers} (fused by one projection) and "
                 "drafts with the verifier's own embeddings and head, which it does not store: it runs only with "
                 "the verifier attached")
@@ -128,8 +128,7 @@ def _kind_lines(config: dict) -> list[str]:
         kind = "standalone: drafts from the committed tokens alone"
     vocabulary = len(config["draft_token_ids"]) if config.get("draft_token_ids") else "full"
     block = config["block_size"]
-    drafted = f"{block} (the anchor and {block - 1} drafted tokens)" if config.get("layout") == "dflash" else \
-        f"{block} tokens"
+    drafted = f"{block} (the anchor and {block - 1} drafted tokens)" if dflash else f"{block} tokens"
     return [f"- kind: {kind}",
             f"- body: {config['num_hidden_layers']} layers, hidden {config['hidden_size']}, block of {drafted} "
             f"drafted in {config['num_denoising_steps']} denoising step(s)",

@@ -1,6 +1,7 @@
 """The registry-shipped SmolLM2-135M-Instruct verifier: set-up, its errors, and exactness with a drafter for it."""
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,8 +154,7 @@ def test_dflash_layout_is_exact_on_the_real_verifier_and_through_its_export(smol
     subprocess.run([sys.executable, "-c", script], check=True, cwd=tmp_path)
 
 
-SHIPPED_DFLASH = __import__("pathlib").Path(__file__).resolve().parents[1] / "model_cards" / \
-    "specdiff-dflash-smollm2-135m-instruct"
+SHIPPED_DFLASH = Path(__file__).resolve().parents[1] / "model_cards" / "specdiff-dflash-smollm2-135m-instruct"
 
 
 @pytest.mark.slow
