@@ -39,6 +39,31 @@ def test_policy_drafts_long_only_where_it_pays(slope, rate, expected):
     assert expected[0] <= length <= expected[1]
 
 
+def test_probes_grow_rarer_while_drafting_does_not_pay_and_start_again_each_generation():
+    policy = DraftLengthPolicy(16)
+    for length, seconds in ((0, 1.0), (1, 3.0), (2, 5.0)):  # each drafted token costs two plain steps
+        policy.costs.record(length, seconds)
+
+    def probe_rounds(rounds):
+        probes = []
+        for i in range(1, rounds + 1):
+            g = policy.next_length(allow_skip=True)
+            if g:
+                probes.append(i)
+                policy.update(g, 0)
+        return probes
+
+    gaps = DraftLengthPolicy.probe_every * torch.tensor([1, 2, 4, 8, 8, 8]).clamp_max(
+        DraftLengthPolicy.max_probe_every // DraftLengthPolicy.probe_every)
+    assert probe_rounds(300) == gaps.cumsum(0)[gaps.cumsum(0) <= 300].tolist()
+    policy.new_generation()
+    assert probe_rounds(DraftLengthPolicy.probe_every) == [DraftLengthPolicy.probe_every]
+    for _ in range(50):  # drafting pays now (every probe accepted, verification cheap): no skipping, no probes
+        policy.update(1, 1, 1.0)
+        policy.update(4, 4, 1.1)
+    assert policy.next_length(allow_skip=True) > 1 and policy.probe_gap == DraftLengthPolicy.probe_every
+
+
 def drop_in(verifier, drafter, prompt, lengths, do_sample=False):
     """Plain assisted generation with `drafter`; `lengths` receives the length of every draft it made."""
     original = drafter.draft

@@ -575,9 +575,10 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         Called by the assisted loop (`generation_config.is_assistant`) with the drafter's schedule "adaptive" (the
         default), it drafts as many of the tokens asked for as its `length_policy` finds worth verifying: more where
         the drafter is accepted and an extra verified token is cheap on this machine, none where even one does not
-        pay (greedy only; a probe round every `DraftLengthPolicy.probe_every` keeps acceptance measured). An empty
-        draft returns `input_ids` unchanged and one placeholder score, which transformers' loop stacks but, greedy
-        without `assistant_ensemble_weight`, never reads: its verifier forward is then a plain greedy step.
+        pay (greedy only; probe rounds, rarer while they show that drafting does not pay, keep acceptance
+        measured). An empty draft returns `input_ids` unchanged and one placeholder score, which transformers' loop
+        stacks but, greedy without `assistant_ensemble_weight`, never reads: its verifier forward is then a plain
+        greedy step.
         """
         generation_config = copy.deepcopy(generation_config or self.generation_config)
         generation_config.update(**{k: v for k, v in kwargs.items() if hasattr(generation_config, k)})

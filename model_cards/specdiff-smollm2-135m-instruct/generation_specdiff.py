@@ -277,9 +277,13 @@ class DraftLengthPolicy:
     `fixed` pins the length.
 
     A loop that can run a round without a draft (a plain step) asks `next_length(allow_skip=True)`: it may get 0,
-    except every `probe_every`-th skipped round, which drafts 1 token so that acceptance keeps being measured."""
+    except for a probe round, which drafts 1 token so that acceptance keeps being measured. The first probe comes
+    after `probe_every` skipped rounds; each probe after which drafting still does not pay doubles the gap, up to
+    `max_probe_every` (a probe costs more than it brings, or it would not be skipping); drafting, or a new generation,
+    brings the gap back to `probe_every`."""
 
     probe_every = 8
+    max_probe_every = 64
 
     def __init__(self, max_length: int, fixed: int | None = None, prior_slope: float = 0.02):
         self.max_length = max_length
@@ -287,6 +291,7 @@ class DraftLengthPolicy:
         self.acceptance = AcceptanceRates(max_length)
         self.costs = RoundCosts(prior_slope)
         self.skipped = 0
+        self.probe_gap = self.probe_every
 
     def next_length(self, allow_skip: bool = False) -> int:
         if self.fixed is not None:
@@ -294,12 +299,20 @@ class DraftLengthPolicy:
         lengths = torch.arange(0 if allow_skip else 1, self.max_length + 1)
         expected = 1 + torch.cat([torch.zeros(1), self.acceptance.rates().cumprod(0)]).cumsum(0)[lengths]
         best = int(lengths[(expected / self.costs.predict(lengths)).argmax()])
-        self.skipped = self.skipped + 1 if best == 0 else 0
-        return 1 if best == 0 and self.skipped % self.probe_every == 0 else best
+        if best:
+            self.skipped, self.probe_gap = 0, self.probe_every
+            return best
+        self.skipped += 1
+        if self.skipped < self.probe_gap:
+            return 0
+        self.skipped, self.probe_gap = 0, min(2 * self.probe_gap, self.max_probe_every)
+        return 1
 
     def new_generation(self):
-        """A new prompt starts: earlier prompts' acceptance counts for half (costs, a property of the machine, stay)."""
+        """A new prompt starts: earlier prompts' acceptance counts for half (costs, a property of the machine, stay),
+        and probing starts again at its shortest gap."""
         self.acceptance.decay(0.5)
+        self.skipped, self.probe_gap = 0, self.probe_every
 
     def update(self, num_drafted: int, num_accepted: int, seconds: float | None = None):
         """Record one round: how many tokens were drafted and accepted, and (if timed) the round's seconds."""
