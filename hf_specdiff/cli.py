@@ -130,7 +130,8 @@ def cmd_bench(args):
     summary = benchmark(verifier, tokenizer, prompts, **by_kind(specdiff), mdlm_drafter=load(args.mdlm_drafter),
                         ar_drafter=load(args.ar_drafter), num_drafts=tuple(int(k) for k in args.num_drafts.split(",")),
                         max_new_tokens=args.max_new_tokens, with_lookup=args.with_lookup, only=args.method,
-                        records_file=Path(args.out) / "records.jsonl", run_info=run_info, threads=args.threads)
+                        records_file=Path(args.out) / "records.jsonl", run_info=run_info, threads=args.threads,
+                        repeats=args.repeats)
     summary["settings"] = settings
     print(markdown_table(summary))
     save(summary, args.out)
@@ -290,6 +291,9 @@ def _bench_parser(sub):
     p.add_argument("--method", action="append", default=None,
                    help="run only this method (repeatable; plain always runs), e.g. --method 'prompt lookup'")
     p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run each prompt this many times through every method (order reversed every other time) and "
+                        "keep each method's fastest run: less timing noise on a shared machine")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default=None)

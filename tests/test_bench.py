@@ -94,6 +94,28 @@ def test_bench_runs_a_dflash_drafter_beside_a_conditioned_one_and_through_transf
         by_kind([dflash, tiny_dflash_drafter(verifier)])
 
 
+def test_bench_repeats_alternate_the_order_and_keep_each_methods_fastest_run(tmp_path, monkeypatch):
+    import hf_specdiff.bench as bench
+
+    verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
+    ran, real_run = [], bench._run_method
+
+    def slow_first_runs(verifier, inputs, options, max_new_tokens, timers):
+        record = real_run(verifier, inputs, options, max_new_tokens, timers)
+        ran.append("plain" if not options else "lookup")
+        record["seconds"] = 10.0 - len(ran) if ran[-1] == "plain" else 1.0 + len(ran)  # plain: later is faster
+        return record
+
+    monkeypatch.setattr(bench, "_run_method", slow_first_runs)
+    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 1), max_new_tokens=8, repeats=3, progress=False)
+    assert ran == ["plain", "lookup", "lookup", "plain", "plain", "lookup"]
+    plain, lookup = summary["records"]
+    assert (plain["method"], plain["seconds"]) == ("plain", 10.0 - 5) and lookup["seconds"] == 1.0 + 2
+    assert lookup["exact"] and summary["results"]["overall"]["prompt lookup"]["speedup"] == pytest.approx(5 / 3)
+    with pytest.raises(ValueError, match="repeats must be at least 1"):
+        benchmark(verifier, tokenizer, _questions(tmp_path, 1), max_new_tokens=8, repeats=0, progress=False)
+
+
 def test_bench_resumes_after_a_crash_without_redoing_finished_prompts(tmp_path):
     verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
     prompts, records = _questions(tmp_path), tmp_path / "results" / "records.jsonl"
