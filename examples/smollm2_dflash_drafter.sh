@@ -41,5 +41,7 @@ $BENCH --per-category 1 --dtype fp32 --method "prompt lookup" --method "SpecDiff
     --method "SpecDiff-2 conditioned (K=4) + lookup" --method "SpecDiff-2 dflash drop-in" \
     --method "SpecDiff-2 dflash, transformers' loop" --method "SpecDiff-2 dflash (K=1)" \
     --method "SpecDiff-2 dflash (K=4) + lookup" --out "$CARD/bench-fp32"
-hf-specdiff card "$CARD" --base-model HuggingFaceTB/SmolLM2-135M-Instruct --bench "$CARD/bench/results.json" \
+# its prompts: Magpie requests the verifier wrote itself, and the builder's, which draw on GSM8K
+hf-specdiff card "$CARD" --base-model HuggingFaceTB/SmolLM2-135M-Instruct --dataset openai/gsm8k \
+    --bench "$CARD/bench/results.json" \
     --bench "$CARD/bench-fp32/results.json" --reproduce "bash examples/smollm2_dflash_drafter.sh"

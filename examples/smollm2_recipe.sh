@@ -45,7 +45,7 @@ $BENCH $OTHERS --per-category 10 --max-new-tokens 256 --method "AR drafter" --me
 $BENCH $OTHERS --per-category 2 --max-new-tokens 128 --out "$RUN/results_ablations"
 # the model card, rendered from the committed results (copy $RUN/results* into the card's bench*/ folders first)
 CARD=model_cards/specdiff-smollm2-135m-instruct
-hf-specdiff card $CARD --bench $CARD/bench/results.json --bench $CARD/bench-alignment/results.json \
+hf-specdiff card $CARD --dataset openai/gsm8k --bench $CARD/bench/results.json --bench $CARD/bench-alignment/results.json \
     --bench $CARD/bench-baselines/results.json --bench $CARD/bench-ablations/results.json \
     --bench $CARD/bench-avx2/results.json \
     --reproduce "bash examples/smollm2_recipe.sh   # data, the five drafters, the four benches and this card"

@@ -145,7 +145,8 @@ def cmd_card(args):
     bench = [(_bench_title(path), json.loads(Path(path).read_text())) for path in args.bench or []]
     recipe_path = Path(args.recipe or Path(args.folder) / "training_recipe.json")
     recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else None
-    card = render_card(args.folder, args.base_model, bench=bench, recipe=recipe, reproduce=args.reproduce)
+    card = render_card(args.folder, args.base_model, bench=bench, recipe=recipe, datasets=tuple(args.dataset or ()),
+                       reproduce=args.reproduce)
     (Path(args.folder) / "README.md").write_text(card)
     problems = validate_model_folder(args.folder)
     for problem in problems:
@@ -309,6 +310,8 @@ def _card_parser(sub):
     p.add_argument("--bench", action="append", default=None,
                    help="results.json from hf-specdiff bench (repeatable: one section each, titled by its folder)")
     p.add_argument("--recipe", default=None, help="training_recipe.json (default: the folder's)")
+    p.add_argument("--dataset", action="append", default=None,
+                   help="Hub id of a dataset the training prompts came from (repeatable; none: `datasets: []`)")
     p.add_argument("--reproduce", default=None, help="the commands that reproduce the drafter and its results")
     p.set_defaults(func=cmd_card)
 

@@ -59,9 +59,10 @@ CARD_KEYS = ("library_name", "pipeline_tag", "base_model", "license", "datasets"
 
 
 def render_card(folder, base_model: str, bench: dict | list[tuple[str, dict]] | None = None,
-                recipe: dict | None = None, license: str = "apache-2.0", datasets: tuple[str, ...] = ("openai/gsm8k",),
+                recipe: dict | None = None, license: str = "apache-2.0", datasets: tuple[str, ...] = (),
                 reproduce: str | None = None) -> str:
     """The model card (README.md) of a drafter folder: metadata, usage, benchmark tables and training recipe.
+    `datasets` are the Hub ids of the datasets its training prompts came from (none: `datasets: []`).
 
     `bench` is one `hf-specdiff bench` summary, or a list of (title, summary): each becomes its own section, all
     rendered from the results, so a re-render loses nothing written by hand."""
@@ -74,7 +75,8 @@ def render_card(folder, base_model: str, bench: dict | list[tuple[str, dict]] | 
     assistant = "drafter.attach(verifier)" if layers else "drafter"
     tags = ("speculative-decoding", "diffusion", "specdiff", "hf_specdiff", "assistant-model", *(("dflash",) * dflash))
     lines = ["---", "library_name: transformers", "pipeline_tag: text-generation", f"base_model: {base_model}",
-             f"license: {license}", "datasets:", *[f"  - {d}" for d in datasets], "tags:",
+             f"license: {license}", *(["datasets:", *[f"  - {d}" for d in datasets]] if datasets else ["datasets: []"]),
+             "tags:",
              *[f"  - {t}" for t in tags], "---", "", f"# {name}", "",
              f"A SpecDiff discrete-diffusion drafter for [{base_model}](https://huggingface.co/{base_model}): pass it as "
              "`assistant_model` (or to `hf_specdiff.generate`) and the verifier checks its drafts, so the output stays "

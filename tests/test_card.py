@@ -22,6 +22,9 @@ def test_card_validate_and_push_dry_run(tmp_path, capsys):
     assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation\nbase_model: org/tiny")
     assert "1.70x (tau 2.40, exact 100%)" in card and "hf-specdiff train ..." in card
     assert 'from_pretrained("<org>/specdiff-tiny", trust_remote_code=True)' in card
+    assert "\ndatasets: []\n" in card  # no dataset claimed that the user did not name
+    assert main(["card", str(folder), "--base-model", "org/tiny", "--dataset", "org/a", "--dataset", "org/b"]) == 0
+    assert "\ndatasets:\n  - org/a\n  - org/b\ntags:" in (folder / "README.md").read_text()
 
     assert main(["push", str(folder), "--repo", "org/specdiff-tiny", "--dry-run"]) == 0
     listed = capsys.readouterr().out
