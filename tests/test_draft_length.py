@@ -32,6 +32,22 @@ def test_round_costs_fit_a_line_and_never_call_a_token_free():
     assert flat.predict(torch.tensor([16.0])) > flat.predict(torch.tensor([1.0]))
 
 
+def test_a_round_that_drafts_pays_the_drafter_once_not_per_token():
+    """Plain steps (g = 0) cost 1; any drafting round pays a drafter forward as dear as a step, then 0.03 a token:
+    the line is fitted to the drafting rounds only, so the drafter's cost is not charged again for every token."""
+    policy = DraftLengthPolicy(16)
+    for length, seconds, times in ((0, 1.0, 20), (1, 2.0, 5), (8, 2.2, 5)):
+        for _ in range(times):
+            policy.costs.record(length, seconds)
+    predicted = policy.costs.predict(torch.tensor([0, 1, 8, 16]))
+    assert predicted.tolist() == pytest.approx([1.0, 2.0, 2.2, 2.2 + 8 * 0.2 / 7], abs=1e-4)
+    for _ in range(50):  # a drafter accepted 90% of the time at every position
+        policy.acceptance.update(16, 16)
+        policy.acceptance.update(16, 0)
+        policy.acceptance.update(16, 16)
+    assert policy.next_length(allow_skip=True) >= 8
+
+
 @pytest.mark.parametrize("slope,rate,expected", [(0.02, 0.9, (10, 16)), (0.3, 0.9, (2, 6)), (0.3, 0.2, (1, 1)),
                                                  (0.02, 0.05, (1, 2))])
 def test_policy_drafts_long_only_where_it_pays(slope, rate, expected):

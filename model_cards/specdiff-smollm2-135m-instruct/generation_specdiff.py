@@ -237,10 +237,11 @@ class AcceptanceRates:
 
 
 class RoundCosts:
-    """Measured seconds of a verification round against its draft length g, as a line c0 + c1 * g fitted to the
-    per-length means (least squares, weighted by the rounds measured). Until two lengths are measured, the slope
-    is `prior_slope` times the intercept: it assumes extra verified tokens are cheap, and lets the policy try longer
-    drafts until measurements say otherwise."""
+    """Measured seconds of a verification round against its draft length g: a line c0 + c1 * g fitted to the
+    per-length means of the rounds that drafted (least squares, weighted by the rounds measured), and the measured
+    mean for g = 0, a round that drafts nothing (a plain step: no drafter forward, which a round of any g > 0 pays
+    once, whatever g). Until two draft lengths are measured, the slope is `prior_slope` times the intercept: it
+    assumes extra verified tokens are cheap, and lets the policy try longer drafts until measurements say otherwise."""
 
     min_slope = 0.005  # a verified token is never taken as free: noise must not make the longest draft look best
 
@@ -255,19 +256,27 @@ class RoundCosts:
 
     def predict(self, lengths: torch.Tensor) -> torch.Tensor:
         """Relative cost of rounds of these lengths (any positive scale)."""
-        if not self.rounds:
-            return 1 + self.prior_slope * lengths
-        g = torch.tensor(list(self.rounds), dtype=torch.float64)
-        n = torch.tensor(list(self.rounds.values()), dtype=torch.float64)
-        mean = torch.tensor([self.seconds[k] / self.rounds[k] for k in self.rounds], dtype=torch.float64)
+        drafted = [g for g in self.rounds if g > 0]
+        intercept, slope = self._line(drafted or list(self.rounds))
+        cost = intercept + slope * lengths.double()
+        if drafted and 0 in self.rounds:
+            cost = torch.where(lengths == 0, self.seconds[0] / self.rounds[0], cost)
+        return cost.float()
+
+    def _line(self, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(c0, c1) of the line through the mean seconds at `lengths`."""
+        if not lengths:
+            return torch.tensor(1.0, dtype=torch.float64), torch.tensor(self.prior_slope, dtype=torch.float64)
+        g = torch.tensor(lengths, dtype=torch.float64)
+        n = torch.tensor([self.rounds[k] for k in lengths], dtype=torch.float64)
+        mean = torch.tensor([self.seconds[k] / self.rounds[k] for k in lengths], dtype=torch.float64)
         if len(g) == 1:
             c0 = mean[0] / (1 + self.prior_slope * g[0])
-            return (c0 * (1 + self.prior_slope * lengths)).float()
+            return c0, self.prior_slope * c0
         g_bar, m_bar = (n * g).sum() / n.sum(), (n * mean).sum() / n.sum()
         slope = (n * (g - g_bar) * (mean - m_bar)).sum() / (n * (g - g_bar) ** 2).sum()
         intercept = (m_bar - slope.clamp_min(0) * g_bar).clamp_min(0.1 * m_bar)
-        slope = slope.clamp_min(self.min_slope * intercept)
-        return (intercept + slope * lengths).float()
+        return intercept, slope.clamp_min(self.min_slope * intercept)
 
 
 class DraftLengthPolicy:
