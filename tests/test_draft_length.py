@@ -41,7 +41,7 @@ def test_a_round_that_drafts_pays_the_drafter_once_not_per_token():
             policy.costs.record(length, seconds)
     predicted = policy.costs.predict(torch.tensor([0, 1, 8, 16]))
     assert predicted.tolist() == pytest.approx([1.0, 2.0, 2.2, 2.2 + 8 * 0.2 / 7], abs=1e-4)
-    for _ in range(50):  # a drafter accepted 90% of the time at every position
+    for _ in range(50):  # two drafts in three accepted whole, the third rejected at its first token
         policy.acceptance.update(16, 16)
         policy.acceptance.update(16, 0)
         policy.acceptance.update(16, 16)
