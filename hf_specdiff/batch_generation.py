@@ -1,22 +1,83 @@
 """Batched generation for making training data: left-padded prompts decoded together, rows leaving the batch (and
 its KV cache) once they have emitted an end-of-sequence token, so a batch costs about what its rows need rather
-than what its longest row needs."""
+than what its longest row needs. The KV cache is allocated once for the whole generation and written in place."""
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
+from transformers import DynamicCache, TopPLogitsWarper
+from transformers.cache_utils import DynamicLayer
 
 # Finished rows are dropped once no more than this share of the batch is still running: each drop copies the whole
 # KV cache, so rows are let go in groups (a finished row costs a little compute until then; its tokens are ignored).
 COMPACT_AT = 0.75
 
 
-def _sampling_warpers(temperature: float, top_p: float) -> LogitsProcessorList:
-    warpers = LogitsProcessorList()
-    if temperature != 1.0:
-        warpers.append(TemperatureLogitsWarper(temperature))
+class PreallocatedLayer(DynamicLayer):
+    """A `DynamicLayer` whose keys and values are views of buffers of `capacity` positions, allocated at the first
+    update: a step writes its new entries in place. transformers' `DynamicLayer` concatenates, copying the whole
+    cache every step; at batch 128 and ~350 positions that copy cost more than the model's matrix products here."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.dtype, self.device = key_states.dtype, key_states.device
+        batch, heads, _, _ = key_states.shape
+        self._keys = key_states.new_empty(batch, heads, self.capacity, key_states.shape[-1])
+        self._values = value_states.new_empty(batch, heads, self.capacity, value_states.shape[-1])
+        self.length = 0
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if end > self.capacity:
+            raise ValueError(f"PreallocatedLayer holds {self.capacity} positions; {end} were written")
+        self._keys[:, :, self.length:end] = key_states
+        self._values[:, :, self.length:end] = value_states
+        self.length = end
+        self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        if self.is_initialized:
+            self._keys, self._values = self._keys[indices], self._values[indices]
+            self.keys, self.values = self._keys[:, :, :self.length], self._values[:, :, :self.length]
+
+
+def preallocated_cache(model, capacity: int) -> DynamicCache:
+    """A `DynamicCache` for `model` whose full-attention layers are `PreallocatedLayer`s of `capacity` positions
+    (sliding-window layers keep transformers' own, which stay short)."""
+    cache = DynamicCache(config=model.config)
+    cache.layers = [PreallocatedLayer(capacity) if type(layer) is DynamicLayer else layer for layer in cache.layers]
+    return cache
+
+
+def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
+                  generator: torch.Generator | None = None, candidates: int = 1024) -> torch.Tensor:
+    """One token per row of `logits` [rows, vocab], drawn from softmax(logits / temperature) restricted to its top-p
+    nucleus (the most probable tokens whose probabilities, those ranked above each, sum to less than `top_p`): the
+    distribution of transformers' temperature and `TopPLogitsWarper` with `torch.multinomial`, at a fraction of
+    the cost for a large batch. The nucleus is looked for among the `candidates` most probable tokens (the whole
+    vocabulary when a row's candidates hold less than `top_p`), and tokens are drawn by inverting the cumulative
+    distribution: sorting and `multinomial` over 128 x 49k logits each cost about as much as the model's forward."""
+    probs = (logits.float() / temperature).softmax(-1)
     if top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p))
-    return warpers
+        top, ids = probs.topk(min(candidates, probs.shape[-1]), dim=-1)
+        keep = top.cumsum(-1) - top < top_p
+        if not keep[:, -1].any():
+            return ids.gather(-1, _inverse_cdf(top * keep, generator)[:, None]).squeeze(-1)
+        probs = TopPLogitsWarper(top_p)(None, probs.log()).softmax(-1)
+    return _inverse_cdf(probs, generator)
+
+
+def _inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One index per row of non-negative `weights` [rows, n], drawn with probability proportional to its weight."""
+    cdf = weights.double().cumsum(-1)
+    u = torch.rand(weights.shape[0], 1, generator=generator, dtype=torch.float64, device=weights.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(weights.shape[-1] - 1)
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,21 +99,16 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids
         raise ValueError("generate_batch needs at least one prompt, each of at least one token")
     ids, mask = _left_pad(prompts, pad_id, model.device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
-    cache = DynamicCache(config=model.config)
+    cache = preallocated_cache(model, ids.shape[1] + max_new_tokens)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
                    logits_to_keep=1).logits[:, -1]
-    warpers = _sampling_warpers(temperature, top_p) if temperature > 0 else None
     rows = torch.arange(len(prompts), device=model.device)  # which prompt each batch row answers
     next_position = positions[:, -1] + 1
     responses: list[list[int]] = [[] for _ in prompts]
     finished: set[int] = set()
     alive = torch.ones(len(prompts), dtype=torch.bool, device=model.device)
     for step in range(max_new_tokens):
-        if warpers is None:
-            tokens = logits.argmax(-1)
-        else:
-            probs = warpers(ids, logits.float()).softmax(-1)
-            tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        tokens = logits.argmax(-1) if temperature == 0 else sample_tokens(logits, temperature, top_p, generator)
         for row, token, running in zip(rows.tolist(), tokens.tolist(), alive.tolist()):
             if running:
                 responses[row].append(token)

@@ -2,14 +2,17 @@
 
 import pytest
 import torch
+from scipy.stats import chisquare
+from transformers import TopPLogitsWarper
 
-from hf_specdiff.batch_generation import generate_batch
+from hf_specdiff.batch_generation import generate_batch, sample_tokens
 from helpers import sharp_verifier, tiny_verifier
 from stats import chi_square_pvalue
 
 
-def test_greedy_rows_equal_plain_greedy_and_stop_at_eos():
-    verifier = tiny_verifier("llama")
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_greedy_rows_equal_plain_greedy_and_stop_at_eos(arch):
+    verifier = tiny_verifier(arch)
     prompts = [[5, 9, 14], [7, 3, 22, 41, 8, 9], [30], [11, 12, 13, 14]]
     plain = [verifier.generate(torch.tensor([p]), max_new_tokens=24, do_sample=False, eos_token_id=None)[0, len(p):]
              .tolist() for p in prompts]
@@ -39,3 +42,16 @@ def test_sampling_is_reproducible_and_distributed_as_the_model():
 def test_bad_input():
     with pytest.raises(ValueError, match="at least one token"):
         generate_batch(tiny_verifier("llama"), [[5], []], 4, set(), pad_id=0)
+
+
+@pytest.mark.parametrize("candidates", [3, 64])  # the nucleus reaches past the candidates (whole vocabulary), or not
+def test_sample_tokens_draws_from_the_top_p_nucleus(candidates):
+    logits = torch.tensor([3.0, 2.5, 2.0, 1.2, 0.5, 0.0, -1.0, -2.0])
+    nucleus = TopPLogitsWarper(0.9)(None, logits[None] / 1.5).double().softmax(-1)[0]
+    assert 3 < int((nucleus > 0).sum()) < 8
+    draws = sample_tokens(logits.expand(20000, -1), 1.5, 0.9, torch.Generator().manual_seed(0), candidates)
+    observed = torch.bincount(draws, minlength=8).double()
+    assert observed[nucleus == 0].sum() == 0
+    assert chisquare(observed[nucleus > 0], nucleus[nucleus > 0] * 20000).pvalue > 1e-3
+    without_top_p = (logits / 1.5).double().softmax(-1)  # the test tells the two apart
+    assert chisquare(observed, without_top_p * 20000).pvalue < 1e-6
