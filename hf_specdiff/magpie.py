@@ -3,11 +3,13 @@ user turn, an aligned model writes a user request itself, in the distribution it
 
 `synthesize_prompts` samples such requests in batches, keeps those that read as requests (`is_request`), drops
 near-duplicates and appends them to a jsonl file of `{"prompt": ..., "source": "magpie"}` rows that `read_prompts`
-takes. A run that is stopped and started again goes on from the last finished batch (`<out>.meta.json`).
+takes. A run that is stopped and started again goes on from the last finished batch (`<out>.meta.json`, which also sums
+the tokens generated and the seconds it took over every run).
 """
 
 import json
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -76,8 +78,10 @@ def synthesize_prompts(verifier, tokenizer, num_prompts: int, out, batch_size: i
     bar = tqdm(total=num_prompts, initial=min(len(seen), num_prompts), desc="synth-prompts", disable=not progress)
     while len(seen) < num_prompts:
         generator = torch.Generator(verifier.device).manual_seed(seed * 1_000_003 + meta["batches"])
+        start = time.perf_counter()
         turns = generate_batch(verifier, [prefix] * batch_size, max_new_tokens, ends, pad_id, temperature, top_p,
                                generator)
+        seconds = time.perf_counter() - start
         kept = []
         for turn in turns:
             if not turn or turn[-1] not in ends:  # rambled past the token budget
@@ -89,6 +93,9 @@ def synthesize_prompts(verifier, tokenizer, num_prompts: int, out, batch_size: i
         with out.open("a") as f:
             f.write("".join(line + "\n" for line in kept))
         meta["batches"], meta["turns"], meta["kept"] = meta["batches"] + 1, meta["turns"] + len(turns), len(seen)
+        meta["generated_tokens"] = meta.get("generated_tokens", 0) + sum(map(len, turns))
+        meta["generation_seconds"] = round(meta.get("generation_seconds", 0.0) + seconds, 1)
+        meta["tok_s"] = round(meta["generated_tokens"] / max(meta["generation_seconds"], 1e-9), 1)
         meta_path.write_text(json.dumps(meta, indent=2))
         bar.update(len(kept))
     bar.close()

@@ -44,5 +44,6 @@ def test_synthesis_resumes_and_never_repeats(tmp_path):
     assert len(read_prompts(out)) == 12
     meta = json.loads(out.with_suffix(".meta.json").read_text())
     assert meta["kept"] == 12 and meta["turns"] == 8 * meta["batches"]
+    assert 8 * meta["batches"] <= meta["generated_tokens"] <= 6 * 8 * meta["batches"] and meta["tok_s"] > 0
     with pytest.raises(ValueError, match="other settings"):
         synthesize_prompts(verifier, tokenizer, 20, out, **{**run, "max_new_tokens": 7})
