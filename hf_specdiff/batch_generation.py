@@ -41,6 +41,11 @@ class PreallocatedLayer(DynamicLayer):
         self.keys, self.values = self._keys[:, :, :end], self._values[:, :, :end]
         return self.keys, self.values
 
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.is_initialized:
+            self._keys, self._values = self._keys.repeat_interleave(repeats, 0), self._values.repeat_interleave(repeats, 0)
+            self.keys, self.values = self._keys[:, :, :self.length], self._values[:, :, :self.length]
+
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         if self.is_initialized:
             self._keys, self._values = self._keys[indices], self._values[indices]
@@ -61,16 +66,19 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     nucleus (the most probable tokens whose probabilities, those ranked above each, sum to less than `top_p`): the
     distribution of transformers' temperature and `TopPLogitsWarper` with `torch.multinomial`, at a fraction of
     the cost for a large batch. The nucleus is looked for among the `candidates` most probable tokens (the whole
-    vocabulary when a row's candidates hold less than `top_p`), and tokens are drawn by inverting the cumulative
+    vocabulary for a row whose candidates hold less than `top_p`), and tokens are drawn by inverting the cumulative
     distribution: sorting and `multinomial` over 128 x 49k logits each cost about as much as the model's forward."""
     probs = (logits.float() / temperature).softmax(-1)
-    if top_p < 1.0:
-        top, ids = probs.topk(min(candidates, probs.shape[-1]), dim=-1)
-        keep = top.cumsum(-1) - top < top_p
-        if not keep[:, -1].any():
-            return ids.gather(-1, _inverse_cdf(top * keep, generator)[:, None]).squeeze(-1)
-        probs = TopPLogitsWarper(top_p)(None, probs.log()).softmax(-1)
-    return _inverse_cdf(probs, generator)
+    if top_p >= 1.0:
+        return _inverse_cdf(probs, generator)
+    top, ids = probs.topk(min(candidates, probs.shape[-1]), dim=-1)
+    keep = top.cumsum(-1) - top < top_p
+    tokens = ids.gather(-1, _inverse_cdf(top * keep, generator)[:, None]).squeeze(-1)
+    wide = keep[:, -1]  # rows whose nucleus may reach past their candidates
+    if wide.any():
+        nucleus = TopPLogitsWarper(top_p)(None, probs[wide].log()).softmax(-1)
+        tokens[wide] = _inverse_cdf(nucleus, generator)
+    return tokens
 
 
 def _inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
@@ -100,8 +108,13 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids
     ids, mask = _left_pad(prompts, pad_id, model.device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     cache = preallocated_cache(model, ids.shape[1] + max_new_tokens)
-    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
+    same = all(prompt == prompts[0] for prompt in prompts)  # (Magpie) one prompt read once, its cache copied
+    logits = model(input_ids=ids[:1] if same else ids, attention_mask=mask[:1] if same else mask,
+                   position_ids=positions[:1] if same else positions, past_key_values=cache, use_cache=True,
                    logits_to_keep=1).logits[:, -1]
+    if same:
+        cache.batch_repeat_interleave(len(prompts))
+        logits = logits.expand(len(prompts), -1)
     rows = torch.arange(len(prompts), device=model.device)  # which prompt each batch row answers
     next_position = positions[:, -1] + 1
     responses: list[list[int]] = [[] for _ in prompts]

@@ -20,6 +20,7 @@ def test_greedy_rows_equal_plain_greedy_and_stop_at_eos(arch):
     expected = [row[: row.index(eos) + 1] if eos in row else row for row in plain]
     assert any(len(row) < 24 for row in expected) and any(len(row) == 24 for row in expected)
     assert generate_batch(verifier, prompts, 24, {eos}, pad_id=0) == expected
+    assert generate_batch(verifier, [prompts[1]] * 3, 24, {eos}, pad_id=0) == [expected[1]] * 3  # read once, copied
 
 
 def test_sampling_is_reproducible_and_distributed_as_the_model():
@@ -44,14 +45,16 @@ def test_bad_input():
         generate_batch(tiny_verifier("llama"), [[5], []], 4, set(), pad_id=0)
 
 
-@pytest.mark.parametrize("candidates", [3, 64])  # the nucleus reaches past the candidates (whole vocabulary), or not
+@pytest.mark.parametrize("candidates", [3, 6, 64])  # both rows' nuclei past the candidates, one row's, neither's
 def test_sample_tokens_draws_from_the_top_p_nucleus(candidates):
-    logits = torch.tensor([3.0, 2.5, 2.0, 1.2, 0.5, 0.0, -1.0, -2.0])
-    nucleus = TopPLogitsWarper(0.9)(None, logits[None] / 1.5).double().softmax(-1)[0]
-    assert 3 < int((nucleus > 0).sum()) < 8
-    draws = sample_tokens(logits.expand(20000, -1), 1.5, 0.9, torch.Generator().manual_seed(0), candidates)
-    observed = torch.bincount(draws, minlength=8).double()
-    assert observed[nucleus == 0].sum() == 0
-    assert chisquare(observed[nucleus > 0], nucleus[nucleus > 0] * 20000).pvalue > 1e-3
-    without_top_p = (logits / 1.5).double().softmax(-1)  # the test tells the two apart
-    assert chisquare(observed, without_top_p * 20000).pvalue < 1e-6
+    peaked = torch.tensor([3.0, 2.5, 2.0, 1.2, 0.5, 0.0, -1.0, -2.0])
+    kinds = (peaked, peaked / 3)
+    draws = sample_tokens(torch.stack(kinds).repeat(10000, 1), 1.5, 0.9, torch.Generator().manual_seed(0), candidates)
+    for kind, logits in enumerate(kinds):
+        nucleus = TopPLogitsWarper(0.9)(None, logits[None] / 1.5).double().softmax(-1)[0]
+        assert int((nucleus > 0).sum()) == (5, 7)[kind]
+        observed = torch.bincount(draws[kind::2], minlength=8).double()
+        assert observed[nucleus == 0].sum() == 0
+        assert chisquare(observed[nucleus > 0], nucleus[nucleus > 0] * 10000).pvalue > 1e-3
+        without_top_p = (logits / 1.5).double().softmax(-1)  # the test tells the two apart
+        assert chisquare(observed, without_top_p * 10000).pvalue < 1e-6
