@@ -12,6 +12,7 @@ MAGPIE=${MAGPIE:-30000}     # self-synthesised requests to keep
 BUILDER=${BUILDER:-6000}    # builder prompts (the kinds the v1 set had)
 SAMPLES=${SAMPLES:-36000}   # responses per data set, shortest prompts first
 DTYPE=${DTYPE:-bf16}        # fp32 on CPUs without AVX512-BF16/AMX, where batched bf16 is many times slower
+BATCH=${BATCH:-256}         # responses generated together (prompts are always made 128 at a time)
 V=smollm2-135m-instruct
 mkdir -p "$RUN"
 
@@ -27,6 +28,6 @@ random.Random(0).shuffle(rows)
 (run / "prompts.jsonl").write_text("\n".join(rows) + "\n")
 PY
 DISTILL="hf-specdiff distill-data --verifier $V --prompts $RUN/prompts.jsonl --samples-per-prompt 1 --max-new-tokens 256
-    --batch-size 128 --max-samples $SAMPLES --dtype $DTYPE"
+    --batch-size $BATCH --max-samples $SAMPLES --dtype $DTYPE"
 $DISTILL --temperature 0 --out "$RUN/data_greedy"
 $DISTILL --temperature 0.7 --out "$RUN/data_sampled"
