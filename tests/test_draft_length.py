@@ -80,6 +80,21 @@ def test_probes_grow_rarer_while_drafting_does_not_pay_and_start_again_each_gene
     assert policy.next_length(allow_skip=True) > 1 and policy.probe_gap == DraftLengthPolicy.probe_every
 
 
+def test_a_skipping_policy_weighs_the_lengths_again_only_after_a_round_that_drafts():
+    policy = DraftLengthPolicy(16)
+    for length, seconds in ((0, 1.0), (1, 3.0), (2, 5.0)):  # each drafted token costs two plain steps
+        policy.costs.record(length, seconds)
+    weighed, predict = [], policy.costs.predict
+    policy.costs.predict = lambda lengths: weighed.append(len(lengths)) or predict(lengths)
+    every = DraftLengthPolicy.probe_every
+    assert [policy.next_length(allow_skip=True) for _ in range(every)] == [0] * (every - 1) + [1]
+    assert len(weighed) == 1
+    for _ in range(10):  # the probe and the rounds after it: accepted, and verification cheap after all
+        policy.update(1, 1, 1.0)
+        policy.update(2, 2, 1.05)
+    assert policy.next_length(allow_skip=True) > 1 and len(weighed) == 2
+
+
 def drop_in(verifier, drafter, prompt, lengths, do_sample=False):
     """Plain assisted generation with `drafter`; `lengths` receives the length of every draft it made."""
     original = drafter.draft
