@@ -289,7 +289,9 @@ class DraftLengthPolicy:
     except for a probe round, which drafts 1 token so that acceptance keeps being measured. The first probe comes
     after `probe_every` skipped rounds; each probe after which drafting still does not pay doubles the gap, up to
     `max_probe_every` (a probe costs more than it brings, or it would not be skipping); drafting, or a new generation,
-    brings the gap back to `probe_every`."""
+    brings the gap back to `probe_every`. While it skips, the decision stands until a round drafts (a probe) or a
+    generation starts: a skipped round adds only a plain step's time, which hardly moves it, and weighing every
+    length costs about 0.3 ms, a few tenths of a percent of a step."""
 
     probe_every = 8
     max_probe_every = 64
@@ -301,32 +303,40 @@ class DraftLengthPolicy:
         self.costs = RoundCosts(prior_slope)
         self.skipped = 0
         self.probe_gap = self.probe_every
+        self.skipping = False  # the last decision with allow_skip was 0, and nothing has drafted since
 
     def next_length(self, allow_skip: bool = False) -> int:
         if self.fixed is not None:
             return self.fixed
-        lengths = torch.arange(0 if allow_skip else 1, self.max_length + 1)
-        expected = 1 + torch.cat([torch.zeros(1), self.acceptance.rates().cumprod(0)]).cumsum(0)[lengths]
-        best = int(lengths[(expected / self.costs.predict(lengths)).argmax()])
-        if best:
-            self.skipped, self.probe_gap = 0, self.probe_every
-            return best
+        if not (allow_skip and self.skipping):
+            best = self._best_length(allow_skip)
+            if best:
+                self.skipped, self.probe_gap = 0, self.probe_every
+                return best
+            self.skipping = True
         self.skipped += 1
         if self.skipped < self.probe_gap:
             return 0
         self.skipped, self.probe_gap = 0, min(2 * self.probe_gap, self.max_probe_every)
         return 1
 
+    def _best_length(self, allow_skip: bool) -> int:
+        """The draft length with the most expected tokens per second (0 only if `allow_skip`)."""
+        lengths = torch.arange(0 if allow_skip else 1, self.max_length + 1)
+        expected = 1 + torch.cat([torch.zeros(1), self.acceptance.rates().cumprod(0)]).cumsum(0)[lengths]
+        return int(lengths[(expected / self.costs.predict(lengths)).argmax()])
+
     def new_generation(self):
         """A new prompt starts: earlier prompts' acceptance counts for half (costs, a property of the machine, stay),
         and probing starts again at its shortest gap."""
         self.acceptance.decay(0.5)
-        self.skipped, self.probe_gap = 0, self.probe_every
+        self.skipped, self.probe_gap, self.skipping = 0, self.probe_every, False
 
     def update(self, num_drafted: int, num_accepted: int, seconds: float | None = None):
         """Record one round: how many tokens were drafted and accepted, and (if timed) the round's seconds."""
         if num_drafted:
             self.acceptance.update(num_drafted, num_accepted)
+            self.skipping = False
         if seconds is not None:
             self.costs.record(num_drafted, seconds)
 
