@@ -23,9 +23,8 @@ class PreallocatedLayer(DynamicLayer):
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
-        batch, heads, _, _ = key_states.shape
-        self._keys = key_states.new_empty(batch, heads, self.capacity, key_states.shape[-1])
-        self._values = value_states.new_empty(batch, heads, self.capacity, value_states.shape[-1])
+        self._keys = key_states.new_empty(*key_states.shape[:2], self.capacity, key_states.shape[-1])
+        self._values = value_states.new_empty(*value_states.shape[:2], self.capacity, value_states.shape[-1])
         self.length = 0
         self.is_initialized = True
 
@@ -108,10 +107,10 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids
     ids, mask = _left_pad(prompts, pad_id, model.device)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     cache = preallocated_cache(model, ids.shape[1] + max_new_tokens)
-    same = all(prompt == prompts[0] for prompt in prompts)  # (Magpie) one prompt read once, its cache copied
-    logits = model(input_ids=ids[:1] if same else ids, attention_mask=mask[:1] if same else mask,
-                   position_ids=positions[:1] if same else positions, past_key_values=cache, use_cache=True,
-                   logits_to_keep=1).logits[:, -1]
+    same = all(prompt == prompts[0] for prompt in prompts)  # (Magpie) identical prompts: read one, copy its cache
+    read = slice(0, 1) if same else slice(None)
+    logits = model(input_ids=ids[read], attention_mask=mask[read], position_ids=positions[read], past_key_values=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1]
     if same:
         cache.batch_repeat_interleave(len(prompts))
         logits = logits.expand(len(prompts), -1)
