@@ -42,7 +42,8 @@ class PreallocatedLayer(DynamicLayer):
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         if self.is_initialized:
-            self._keys, self._values = self._keys.repeat_interleave(repeats, 0), self._values.repeat_interleave(repeats, 0)
+            self._keys = self._keys.repeat_interleave(repeats, 0)
+            self._values = self._values.repeat_interleave(repeats, 0)
             self.keys, self.values = self._keys[:, :, :self.length], self._values[:, :, :self.length]
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:

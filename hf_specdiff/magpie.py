@@ -3,8 +3,8 @@ user turn, an aligned model writes a user request itself, in the distribution it
 
 `synthesize_prompts` samples such requests in batches, keeps those that read as requests (`is_request`), drops
 near-duplicates and appends them to a jsonl file of `{"prompt": ..., "source": "magpie"}` rows that `read_prompts`
-takes. A run that is stopped and started again goes on from the last finished batch (`<out>.meta.json`, which also sums
-the tokens generated and the seconds it took over every run).
+takes. A run that is stopped and started again goes on from the last finished batch (`<out>.meta.json`, which
+also sums the tokens generated and the seconds it took over every run).
 """
 
 import json
