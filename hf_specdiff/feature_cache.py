@@ -4,6 +4,11 @@ A conditioned drafter trains on the verifier's hidden states at its `verifier_la
 in every training step costs more than the drafter's own step; computed once per row, with the row's whole prompt and
 response as context (as at drafting time), they serve every step, epoch and run. Stored in bf16. The same forward
 can give the verifier's k likeliest next tokens at every position, so a KL term needs no verifier at training time.
+
+A cache is a folder of shards of `SHARD_ROWS` rows, each written whole as soon as it is computed: a run that is
+killed keeps its finished shards, and a data folder that gains rows recomputes only its last shard. Shards are
+memory-mapped when read, so millions of tokens of features (7 KB a token for SmolLM2's three layers) need no RAM of
+their own.
 """
 
 import os
@@ -13,12 +18,17 @@ import torch
 from tqdm.auto import tqdm
 
 
+SHARD_ROWS = 512
+
+
 def cache_path(data, layer_ids: list[int]) -> Path:
-    return Path(data) / f"features-layers-{'-'.join(map(str, layer_ids))}.pt"
+    """The folder of the features of the verifier's layers `layer_ids` in data folder `data`."""
+    return Path(data) / f"features-layers-{'-'.join(map(str, layer_ids))}"
 
 
 def top_k_cache_path(data, top_k: int) -> Path:
-    return Path(data) / f"verifier-top-{top_k}.pt"
+    """The folder of the verifier's `top_k` likeliest next tokens in data folder `data`."""
+    return Path(data) / f"verifier-top-{top_k}"
 
 
 def _batches(sequences: list[list[int]], max_batch_tokens: int):
@@ -40,14 +50,13 @@ def _shift_right(x: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def compute_features(verifier, drafter, rows: list[dict], top_k: int = 0, max_batch_tokens: int = 8192,
-                     progress: bool = True) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]] | None]:
+                     bar=None) -> tuple[list[torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]] | None]:
     """Per row, the features [len(prompt + response), F] the conditioned `drafter` reads, in bf16 on the CPU; with
     `top_k`, also the verifier's k likeliest next tokens: at position t, (ids, log-probs) [L, k] of its prediction
     for token t (from position t - 1; row 0 predicts nothing and holds id 0)."""
     sequences = [row["prompt_ids"] + row["response_ids"] for row in rows]
     features: list = [None] * len(rows)
     top: list | None = [None] * len(rows) if top_k else None
-    bar = tqdm(total=len(rows), desc="verifier features", disable=not progress)
     for batch in _batches(sequences, max_batch_tokens // 4 if top_k else max_batch_tokens):
         longest = len(sequences[batch[-1]])
         ids = torch.zeros(len(batch), longest, dtype=torch.long)
@@ -65,14 +74,15 @@ def compute_features(verifier, drafter, rows: list[dict], top_k: int = 0, max_ba
             features[i] = selected[b, : len(sequences[i])].clone()
             if top_k:
                 top[i] = (top_ids[b, : len(sequences[i])].clone(), log_probs[b, : len(sequences[i])].clone())
-        bar.update(len(batch))
-    bar.close()
+        if bar is not None:
+            bar.update(len(batch))
     return features, top
 
 
 def _load_matching(path: Path, rows: list[dict]):
-    """The cached per-row list at `path` if it exists and matches the rows' lengths, else None."""
-    cached = torch.load(path, weights_only=True) if path.exists() else None
+    """The cached per-row list in shard file `path` (memory-mapped) if it exists and matches the rows' lengths,
+    else None."""
+    cached = torch.load(path, weights_only=True, mmap=True) if path.exists() else None
     if cached is None or len(cached) != len(rows) or any(
             (c[0] if isinstance(c, (tuple, list)) else c).shape[0] != len(r["prompt_ids"]) + len(r["response_ids"])
             for c, r in zip(cached, rows)):
@@ -81,7 +91,8 @@ def _load_matching(path: Path, rows: list[dict]):
 
 
 def _save(path: Path, value):
-    staging = path.with_suffix(".tmp")  # written whole, then renamed: a killed run leaves no partial cache
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_suffix(".tmp")  # written whole, then renamed: a killed run leaves no partial shard
     torch.save(value, staging)
     os.replace(staging, path)
 
@@ -89,22 +100,30 @@ def _save(path: Path, value):
 def attach_features(data, verifier, drafter, rows: list[dict], top_k: int = 0, progress: bool = True) -> list[dict]:
     """Give every row its verifier features (`row["features"]`) and, with `top_k`, the verifier's k likeliest next
     tokens (`row["verifier_top_k"]`, see `compute_features`): from the data folder's caches, or computed and
-    cached there."""
-    features = _load_matching(cache_path(data, drafter.config.verifier_layer_ids), rows)
-    top = _load_matching(top_k_cache_path(data, top_k), rows) if top_k else None
-    if features is None or (top_k and top is None):
-        if verifier is None:
-            missing = "features" if features is None else f"verifier top-{top_k}"
-            raise ValueError(f"{data} has no {missing} cached for these rows: computing them needs the verifier")
-        computed, computed_top = compute_features(verifier, drafter, rows, top_k, progress=progress)
-        if features is None:  # write only what was missing (the features file is the large one)
-            features = computed
-            _save(cache_path(data, drafter.config.verifier_layer_ids), features)
-        if top_k and top is None:
-            top = computed_top
-            _save(top_k_cache_path(data, top_k), top)
-    for i, row in enumerate(rows):
-        row["features"] = features[i]
-        if top_k:
-            row["verifier_top_k"] = tuple(top[i])
+    cached there, shard by shard."""
+    features_dir, top_dir = cache_path(data, drafter.config.verifier_layer_ids), top_k_cache_path(data, top_k)
+    bar = tqdm(total=len(rows), desc="verifier features", disable=not progress)
+    for start in range(0, len(rows), SHARD_ROWS):
+        shard, name = rows[start : start + SHARD_ROWS], f"shard-{start // SHARD_ROWS:05d}.pt"
+        features = _load_matching(features_dir / name, shard)
+        top = _load_matching(top_dir / name, shard) if top_k else None
+        if features is None or (top_k and top is None):
+            if verifier is None:
+                missing = "features" if features is None else f"verifier top-{top_k}"
+                raise ValueError(f"{data} has no {missing} cached for these rows: computing them needs the verifier")
+            computed, computed_top = compute_features(verifier, drafter, shard, top_k, bar=bar)
+            if features is None:  # write only what was missing (the features are the large part)
+                _save(features_dir / name, computed)
+            if top_k and top is None:
+                _save(top_dir / name, computed_top)
+            # read back memory-mapped, so the computed copies leave RAM
+            features = _load_matching(features_dir / name, shard)
+            top = _load_matching(top_dir / name, shard) if top_k else None
+        else:
+            bar.update(len(shard))
+        for row, row_features, row_top in zip(shard, features, top or [None] * len(shard)):
+            row["features"] = row_features
+            if top_k:
+                row["verifier_top_k"] = tuple(row_top)
+    bar.close()
     return rows

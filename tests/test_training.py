@@ -157,6 +157,48 @@ def test_feature_cache_holds_each_rows_verifier_features(workspace, tmp_path):
 
 
 
+def test_feature_cache_keeps_its_finished_shards_through_a_crash(workspace, tmp_path, monkeypatch):
+    """Features are cached shard by shard: a run killed mid-way keeps the shards it finished, the next run computes
+    only the others, and a data folder whose rows change recomputes only the shards they fall in."""
+    import shutil
+
+    from hf_specdiff import feature_cache
+    from hf_specdiff.training import verifier_features
+    from helpers import tiny_drafter
+
+    root, verifier, _ = workspace
+    shutil.copytree(root / "data", tmp_path / "data")
+    _, rows = load_distill_data(tmp_path / "data")
+    assert len(rows) == 96
+    drafter = tiny_drafter(verifier, conditioned=True)
+    monkeypatch.setattr(feature_cache, "SHARD_ROWS", 16)
+    computed, crashed, compute = [], [], feature_cache.compute_features
+
+    def crash_once_at_the_third_shard(verifier, drafter, shard, *args, **kwargs):
+        computed.append(len(shard))
+        if len(computed) == 3 and not crashed:
+            crashed.append(True)
+            raise RuntimeError("killed")
+        return compute(verifier, drafter, shard, *args, **kwargs)
+
+    monkeypatch.setattr(feature_cache, "compute_features", crash_once_at_the_third_shard)
+    with pytest.raises(RuntimeError, match="killed"):
+        feature_cache.attach_features(tmp_path / "data", verifier, drafter, rows, progress=False)
+    computed.clear()
+    rows = load_distill_data(tmp_path / "data")[1]
+    feature_cache.attach_features(tmp_path / "data", verifier, drafter, rows, progress=False)
+    assert computed == [16] * 4  # shards 0 and 1 were kept
+    for row in (rows[0], rows[40], rows[95]):
+        ids = torch.tensor([row["prompt_ids"] + row["response_ids"]])
+        expected = verifier_features(verifier, drafter, ids, torch.ones_like(ids, dtype=torch.bool))[0]
+        torch.testing.assert_close(row["features"].float(), expected, rtol=2e-2, atol=2e-2)
+    computed.clear()
+    feature_cache.attach_features(tmp_path / "data", verifier, drafter, rows[:88], progress=False)
+    feature_cache.attach_features(tmp_path / "data", None, drafter, rows[:88], progress=False)  # read back
+    feature_cache.attach_features(tmp_path / "data", verifier, drafter, rows, progress=False)
+    assert computed == [8, 16]  # the last shard only, once with 8 rows, then again with 16
+
+
 def test_kl_from_the_cached_top_k_needs_no_verifier_forward(workspace, tmp_path, monkeypatch):
     """With the feature cache, the KL term reads the verifier's top-k cached beside the features: training runs no
     teacher forward, and the term is in the loss."""
@@ -175,7 +217,7 @@ def test_kl_from_the_cached_top_k_needs_no_verifier_forward(workspace, tmp_path,
                          kl_weight=1.0, kl_top_k=8, kl_weighting="streak", max_steps=12, eval_every=12, log_every=1)
     losses = [json.loads(line)["loss"] for line in (train(config, progress=False) / "log.jsonl").read_text()
               .splitlines() if "loss" in json.loads(line)]
-    assert (tmp_path / "data" / "verifier-top-8.pt").exists() and len(losses) == 12
+    assert (tmp_path / "data" / "verifier-top-8" / "shard-00000.pt").exists() and len(losses) == 12
     without = train(replace(config, kl_weight=0.0, max_steps=1, out=str(root / "kl-top-k-without")), progress=False)
     first = json.loads((without / "log.jsonl").read_text().splitlines()[0])["loss"]
     assert losses[0] > first + 0.05  # same weights and batch at step 1: the KL term adds to the loss
