@@ -16,11 +16,10 @@ from pathlib import Path
 
 import torch
 
-from hf_specdiff.data import load_distill_data
 from hf_specdiff.feature_cache import attach_features
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.threads import torch_threads
-from hf_specdiff.training import held_out_metrics, sample_windows, split_rows
+from hf_specdiff.training import held_out_metrics, load_training_data, sample_windows, split_rows
 from hf_specdiff.verifiers import load_verifier
 
 
@@ -56,14 +55,16 @@ def main(argv=None):
            for r in recipes):
         raise SystemExit("the runs must share data, eval_fraction and seq_len: their held-out rows differ otherwise")
     verifier, _ = load_verifier(first["verifier"], dtype=torch.float32)
-    _, rows = load_distill_data(first["data"])
+    sources = load_training_data(first["data"], verifier, first["verifier"])
+    rows = [row for source in sources for row in source.rows]
     results = {}
     with torch_threads(args.threads):
         for run, recipe in zip(args.runs, recipes):
             drafter = SpecDiffDrafter.from_pretrained(run).eval()
             drafter.set_verifier(verifier)
-            rows = attach_features(first["data"], verifier, drafter, rows, progress=False) \
-                if drafter.config.is_conditioned else rows
+            if drafter.config.is_conditioned:
+                for source in sources:
+                    attach_features(source.folder, verifier, drafter, source.rows, progress=False)
             _, held = split_rows(rows, first["eval_fraction"])
             if not held:
                 raise SystemExit(f"{first['data']} has no held-out rows at eval_fraction {first['eval_fraction']}")

@@ -141,15 +141,23 @@ def _kind_lines(config: dict) -> list[str]:
 def _recipe_lines(recipe: dict) -> list[str]:
     """A training run described, after the run it started from (`init_recipe`) if it trained a drafter further."""
     cfg, data = recipe["config"], recipe["data"]
-    temperature = data["settings"]["temperature"]
     lines = _recipe_lines(recipe["init_recipe"]) if "init_recipe" in recipe else []
     lines += [f"{'Then trained further' if lines else 'Trained'} with `hf_specdiff` ({cfg['objective']} objective, kind "
               f"{cfg.get('kind', 'diffusion')}) for {recipe['steps']} steps in {recipe['wall_time_s'] / 60:.1f} min on "
-              f"{recipe['machine']}, on {data['train_rows']} verifier "
-              f"{'greedy' if temperature == 0 else 'sampled'} trajectories"
-              f"{'' if temperature == 0 else f' (temperature {temperature})'}.", "", "```json",
-              json.dumps(cfg, indent=2), "```", ""]
+              f"{recipe['machine']}, on {_trajectories(data)}.", "", "```json", json.dumps(cfg, indent=2), "```", ""]
     return lines
+
+
+def _trajectories(data: dict) -> str:
+    """What a run trained on: '1092 verifier greedy trajectories', or the mix of its data folders."""
+    sources = data.get("sources") or [{"rows": data["train_rows"], "settings": data["settings"]}]
+    kinds = ["greedy" if s["settings"]["temperature"] == 0 else "sampled" for s in sources]
+    temperatures = [f" (temperature {s['settings']['temperature']})" if kind == "sampled" else ""
+                    for s, kind in zip(sources, kinds)]
+    if len(sources) == 1:
+        return f"{data['train_rows']} verifier {kinds[0]} trajectories{temperatures[0]}"
+    mix = ", ".join(f"{s['rows']} {kind}{t}" for s, kind, t in zip(sources, kinds, temperatures))
+    return f"{data['train_rows']} verifier trajectories drawn from {mix} (held-out rows included)"
 
 
 def validate_model_folder(folder) -> list[str]:

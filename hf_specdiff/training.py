@@ -37,7 +37,8 @@ class TrainConfig:
     """Everything a training run depends on (saved with its checkpoints and the final drafter)."""
 
     verifier: str = field(metadata={"help": "verifier folder, or a known name (smollm2-135m-instruct)"})
-    data: str = field(metadata={"help": "distillation data folder made by `hf-specdiff distill-data`"})
+    data: str = field(metadata={"help": "distillation data folder made by `hf-specdiff distill-data`, or several "
+                                        "separated by commas (e.g. greedy and sampled responses to one prompt set)"})
     out: str = field(metadata={"help": "output folder: the drafter, checkpoint/ and log.jsonl"})
     kind: str = field(default="diffusion", metadata={"help": "diffusion (a SpecDiff drafter), or ar: an "
                                                              "autoregressive Llama drafter of the same sizes, the "
@@ -95,8 +96,9 @@ class TrainConfig:
     eval_every: int = 100
     log_every: int = 10
     eval_fraction: float = field(default=0.05, metadata={"help": "share of prompts held out for evaluation"})
-    max_train_rows: int = field(default=0, metadata={"help": "train on the first N training rows only (the held-out "
-                                                             "rows stay the same: learning curves); 0: all"})
+    max_train_rows: int = field(default=0, metadata={"help": "train on N training rows only, a fixed random draw "
+                                                             "(a smaller N's rows are among a larger N's; the "
+                                                             "held-out rows stay the same: learning curves); 0: all"})
     seed: int = 0
 
 
@@ -258,6 +260,29 @@ def _ar_drafter(config: TrainConfig, verifier):
 
 # ----------------------------------------------------------------------------------------------------------------
 # Data
+
+
+class DataSource(NamedTuple):
+    """One distillation data folder of a training run."""
+
+    folder: str
+    meta: dict
+    rows: list[dict]
+
+
+def load_training_data(data: str, verifier, verifier_name: str) -> list[DataSource]:
+    """The distillation data folders in `data` (one, or several separated by commas), each checked to be made by
+    `verifier`."""
+    identity = verifier_identity(verifier)
+    folders = [folder.strip() for folder in data.split(",") if folder.strip()]
+    sources = [DataSource(folder, *load_distill_data(folder)) for folder in folders]
+    if not sources:
+        raise ValueError("no data folder given")
+    for source in sources:
+        if source.meta["verifier"]["fingerprint"] != identity["fingerprint"]:
+            raise ValueError(f"{source.folder} was made by another verifier ({source.meta['verifier']}) than "
+                             f"{verifier_name} ({identity}): make data with this verifier, or train for that one")
+    return sources
 
 
 def split_rows(rows: list[dict], eval_fraction: float) -> tuple[list[dict], list[dict]]:
@@ -456,7 +481,7 @@ class TrainingRun:
 
     config: TrainConfig
     accelerator: object
-    meta: dict
+    sources: list[DataSource]
     rows: list[dict]
     train_rows: list[dict]
     eval_rows: list[dict]
@@ -523,24 +548,25 @@ def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
     """The data (checked against the verifier, split), and the drafter: resumed from a checkpoint, or built."""
     from .verifiers import load_verifier
 
-    meta, rows = load_distill_data(config.data)
     verifier, _ = load_verifier(config.verifier, dtype=torch.float32)
-    identity = verifier_identity(verifier)
-    if meta["verifier"]["fingerprint"] != identity["fingerprint"]:
-        raise ValueError(f"{config.data} was made by another verifier ({meta['verifier']}) than {config.verifier} "
-                         f"({identity}): make data with this verifier, or train for that one")
+    sources = load_training_data(config.data, verifier, config.verifier)
+    rows = [row for source in sources for row in source.rows]
     train_rows, eval_rows = split_rows(rows, config.eval_fraction)
-    train_rows = train_rows[: config.max_train_rows or None]
+    if config.max_train_rows:
+        draw = torch.randperm(len(train_rows), generator=torch.Generator().manual_seed(0))[: config.max_train_rows]
+        train_rows = [train_rows[i] for i in sorted(draw.tolist())]
     if not train_rows:
         raise ValueError("no training rows left after the held-out split: lower eval_fraction or add prompts")
     drafter, start, checkpoint = _resume_or_build(config, verifier, train_rows)
-    run = TrainingRun(config, accelerator, meta, rows, train_rows, eval_rows, verifier, drafter, start=start,
+    run = TrainingRun(config, accelerator, sources, rows, train_rows, eval_rows, verifier, drafter, start=start,
                       checkpoint=checkpoint)
     cached = config.feature_cache and config.kind == "diffusion" and drafter.config.is_conditioned
     top_k = config.kl_top_k if cached and config.kl_weight else 0
     if cached:
         with accelerator.main_process_first():
-            attach_features(config.data, verifier, drafter, rows, top_k, progress and accelerator.is_main_process)
+            for source in sources:
+                attach_features(source.folder, verifier, drafter, source.rows, top_k,
+                                progress and accelerator.is_main_process)
     if not (config.kl_weight and not top_k) and (not config.verifier_layers or cached):
         run.verifier = None  # a dflash drafter keeps the verifier's embeddings and head
     elif config.precision == "bf16":
@@ -644,7 +670,9 @@ def _save_result(run: TrainingRun, seconds: float):
     recipe = {"config": asdict(config), "steps": config.max_steps, "resumed_from_step": run.start,
               "wall_time_s": round(seconds, 1), "machine": _machine(run.accelerator),
               "data": {"rows": len(run.rows), "train_rows": len(run.train_rows), "held_out_rows": len(run.eval_rows),
-                       "verifier": run.meta["verifier"], "settings": run.meta["settings"]}}
+                       "verifier": run.sources[0].meta["verifier"], "settings": run.sources[0].meta["settings"],
+                       "sources": [{"folder": source.folder, "rows": len(source.rows),
+                                    "settings": source.meta["settings"]} for source in run.sources]}}
     folder = init_folder(config)
     if folder is not None and (folder / "training_recipe.json").is_file():
         recipe["init_recipe"] = json.loads((folder / "training_recipe.json").read_text())

@@ -199,6 +199,35 @@ def test_feature_cache_keeps_its_finished_shards_through_a_crash(workspace, tmp_
     assert computed == [8, 16]  # the last shard only, once with 8 rows, then again with 16
 
 
+def test_training_on_several_data_folders(workspace, tmp_path):
+    """Greedy and sampled responses to one prompt set train one drafter: rows of both folders, each folder's
+    features cached in it, held-out prompts held out of both; the recipe and card name the mix."""
+    import shutil
+
+    from hf_specdiff.training import split_rows
+
+    root, verifier, tokenizer = workspace
+    sampled = tmp_path / "sampled"
+    shutil.copytree(root / "data", sampled)
+    greedy = make_distill_data(verifier, tokenizer, read_prompts(root / "train.jsonl"), tmp_path / "greedy",
+                               DistillDataConfig(samples_per_prompt=1, temperature=0, max_new_tokens=24),
+                               batch_size=16, progress=False)
+    rows = load_distill_data(sampled)[1] + load_distill_data(greedy)[1]
+    train_rows, held = split_rows(rows, 0.1)
+    assert {r["prompt_index"] for r in train_rows}.isdisjoint(r["prompt_index"] for r in held) and held
+    config = base_config(root, "two-folders", data=f"{sampled},{greedy}", verifier_layers="auto",
+                         feature_cache=True, max_steps=4, eval_every=4)
+    out = train(config, progress=False)
+    recipe = json.loads((out / "training_recipe.json").read_text())
+    assert recipe["data"]["train_rows"] == len(train_rows) and recipe["data"]["held_out_rows"] == len(held)
+    assert [s["rows"] for s in recipe["data"]["sources"]] == [96, 48]
+    assert all(any(folder.glob("features-layers-*/shard-00000.pt")) for folder in (sampled, greedy))
+    assert f"{len(train_rows)} verifier trajectories drawn from 96 sampled (temperature 0.7), 48 greedy" in \
+        render_card(out, "org/tiny", recipe=recipe)
+    fewer = train(replace(config, out=str(root / "two-folders-fewer"), max_train_rows=30), progress=False)
+    assert json.loads((fewer / "training_recipe.json").read_text())["data"]["train_rows"] == 30
+
+
 def test_kl_from_the_cached_top_k_needs_no_verifier_forward(workspace, tmp_path, monkeypatch):
     """With the feature cache, the KL term reads the verifier's top-k cached beside the features: training runs no
     teacher forward, and the term is in the loss."""
@@ -239,6 +268,10 @@ def test_training_errors(workspace, tmp_path):
     tokenizer.save_pretrained(tmp_path / "other")
     with pytest.raises(ValueError, match="made by another verifier"):
         train(base_config(root, "x", verifier=str(tmp_path / "other")), progress=False)
+    make_distill_data(other, tokenizer, ["t1 t2"], tmp_path / "other-data", DistillDataConfig(max_new_tokens=4),
+                      progress=False)
+    with pytest.raises(ValueError, match="other-data was made by another verifier"):
+        train(base_config(root, "x", data=f"{root / 'data'},{tmp_path / 'other-data'}"), progress=False)
     with pytest.raises(ValueError, match="needs seq_len > block_size"):
         train(base_config(root, "x", block_size=48), progress=False)
     with pytest.raises(ValueError, match="objective must be one of"):
