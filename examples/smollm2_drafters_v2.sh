@@ -6,13 +6,18 @@
 # the online teacher forward would cost 3x the steps here).
 # Every run is resumable: rerun the script after an interruption. CPU, 2 threads, fp32 (AVX2 machines: batched bf16 is
 # many times slower there).
+# The 3M-token data (greedy and sampled responses to 10,000 prompts, both folders train together), one pass:
+#   RUN=runs/smollm2_v3 DATA=runs/smollm2_v3/data_greedy,runs/smollm2_v3/data_sampled STEPS=2000 SMALL=2000 \
+#       RESULTS=docs/results/smollm2-v3 BENCH=0 bash examples/smollm2_drafters_v2.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/smollm2_v2}
-DATA=${DATA:-$RUN/data_greedy}
+DATA=${DATA:-$RUN/data_greedy}  # one data folder, or several separated by commas
 STEPS=${STEPS:-600}
-SMALL=${SMALL:-250}           # training rows of the smaller data size (0: all)
+SMALL=${SMALL:-250}           # training rows of the smaller data size, a fixed random draw (0: all)
 OUT=${OUT:-$RUN/drafters}
+RESULTS=${RESULTS:-docs/results/smollm2-v2}
+BENCH=${BENCH:-1}             # 0: no Spec-Bench run at the end
 
 COMMON="--verifier smollm2-135m-instruct --data $DATA --objective ce-streak --verifier-layers auto --block-size 16
     --seq-len 192 --batch-size 8 --lr 1e-3 --warmup-steps 50 --max-steps $STEPS --save-every 100 --eval-every 50
@@ -24,9 +29,11 @@ for rows in "$SMALL" 0; do
     hf-specdiff train $COMMON $SPECDIFF --max-train-rows "$rows" --out "$OUT/specdiff-rows$rows"
     hf-specdiff train $COMMON $DFLASH --max-train-rows "$rows" --out "$OUT/dflash-rows$rows"
 done
-python examples/learning_curves.py "$OUT"/specdiff-rows* "$OUT"/dflash-rows* --out docs/results/smollm2-v2
+python examples/learning_curves.py "$OUT"/specdiff-rows* "$OUT"/dflash-rows* --out "$RESULTS"
+python examples/held_out_acceptance.py "$OUT"/specdiff-rows* "$OUT"/dflash-rows* --out "$RESULTS/held_out.json"
+[ "$BENCH" = 1 ] || exit 0
 # the dflash drafter trained on all rows, against plain decoding and prompt lookup (1 per category, 128 new tokens)
 hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --per-category 1 --max-new-tokens 128 \
     --drafter "$OUT/dflash-rows0" --num-drafts 1,4 --with-lookup --method "prompt lookup" \
     --method "SpecDiff-2 dflash (K=1)" --method "SpecDiff-2 dflash, transformers' loop" \
-    --method "SpecDiff-2 dflash (K=4) + lookup" --out docs/results/smollm2-v2/bench
+    --method "SpecDiff-2 dflash (K=4) + lookup" --out "$RESULTS/bench"
