@@ -27,7 +27,9 @@ rows = [line for name in ("magpie.jsonl", "builder.jsonl") for line in (run / na
 random.Random(0).shuffle(rows)
 (run / "prompts.jsonl").write_text("\n".join(rows) + "\n")
 PY
+# --verifier-layers auto: the hidden states a conditioned drafter reads, kept while generating (the feature cache
+# `train --feature-cache true --verifier-layers auto` reads; no teacher forward over the data later)
 DISTILL="hf-specdiff distill-data --verifier $V --prompts $RUN/prompts.jsonl --samples-per-prompt 1 --max-new-tokens 256
-    --batch-size $BATCH --max-samples $SAMPLES --dtype $DTYPE"
+    --batch-size $BATCH --max-samples $SAMPLES --dtype $DTYPE --verifier-layers auto"
 $DISTILL --temperature 0 --out "$RUN/data_greedy"
 $DISTILL --temperature 0.7 --out "$RUN/data_sampled"

@@ -2,6 +2,8 @@
 its KV cache) once they have emitted an end-of-sequence token, so a batch costs about what its rows need rather
 than what its longest row needs. The KV cache is allocated once for the whole generation and written in place."""
 
+from typing import NamedTuple
+
 import torch
 from transformers import DynamicCache, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
@@ -95,14 +97,24 @@ def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tens
     return ids, mask
 
 
+class BatchGeneration(NamedTuple):
+    """`generate_batch`'s responses, and the hidden states it read along them when asked for some."""
+
+    responses: list[list[int]]
+    hidden_states: list[torch.Tensor] | None = None  # per prompt: [len(prompt) + len(response), F] in bf16
+
+
 @torch.no_grad()
 def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids: set[int], pad_id: int,
-                   temperature: float = 0.0, top_p: float = 1.0,
-                   generator: torch.Generator | None = None) -> list[list[int]]:
+                   temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None,
+                   output_hidden_states: list[int] | None = None) -> BatchGeneration:
     """The responses (token ids, ending with the end-of-sequence id where one was produced) of `model` to `prompts`.
 
     `temperature` 0 is greedy decoding; otherwise tokens are sampled (with `top_p` nucleus filtering) using
-    `generator`, so a batch is reproducible from its seed."""
+    `generator`, so a batch is reproducible from its seed. `output_hidden_states` (indices, as transformers' argument
+    of that name selects them) also returns those hidden states, concatenated, at every prompt and response token:
+    what a teacher-forced forward over prompt + response would give, read along the way (each response's last
+    token costs one more step)."""
     if not prompts or min(map(len, prompts)) == 0:
         raise ValueError("generate_batch needs at least one prompt, each of at least one token")
     ids, mask = _left_pad(prompts, pad_id, model.device)
@@ -110,11 +122,15 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids
     cache = preallocated_cache(model, ids.shape[1] + max_new_tokens)
     same = all(prompt == prompts[0] for prompt in prompts)  # (Magpie) identical prompts: read one, copy its cache
     read = slice(0, 1) if same else slice(None)
-    logits = model(input_ids=ids[read], attention_mask=mask[read], position_ids=positions[read], past_key_values=cache,
-                   use_cache=True, logits_to_keep=1).logits[:, -1]
+    out = model(input_ids=ids[read], attention_mask=mask[read], position_ids=positions[read], past_key_values=cache,
+                use_cache=True, logits_to_keep=1, output_hidden_states=output_hidden_states)
+    logits = out.logits[:, -1]
     if same:
         cache.batch_repeat_interleave(len(prompts))
         logits = logits.expand(len(prompts), -1)
+    if output_hidden_states:
+        states = _selected(out, output_hidden_states)
+        read_states = [[states[0 if same else b, ids.shape[1] - len(p):]] for b, p in enumerate(prompts)]
     rows = torch.arange(len(prompts), device=model.device)  # which prompt each batch row answers
     next_position = positions[:, -1] + 1
     responses: list[list[int]] = [[] for _ in prompts]
@@ -122,21 +138,39 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids
     alive = torch.ones(len(prompts), dtype=torch.bool, device=model.device)
     for step in range(max_new_tokens):
         tokens = logits.argmax(-1) if temperature == 0 else sample_tokens(logits, temperature, top_p, generator)
+        wrote = alive  # rows that take this step's token
         for row, token, running in zip(rows.tolist(), tokens.tolist(), alive.tolist()):
             if running:
                 responses[row].append(token)
                 if token in eos_ids:
                     finished.add(row)
         alive = torch.tensor([row not in finished for row in rows.tolist()], device=model.device)
-        if step == max_new_tokens - 1 or not alive.any():
+        last = step == max_new_tokens - 1 or not alive.any()
+        if last and not output_hidden_states:
             break
-        if alive.sum() <= COMPACT_AT * len(alive):  # finished rows leave the batch and the cache
-            keep = alive.nonzero().flatten()
+        reading = alive | wrote if output_hidden_states else alive  # rows whose new token is read
+        if reading.sum() <= COMPACT_AT * len(reading):  # the other rows leave the batch and the cache
+            keep = reading.nonzero().flatten()
             cache.batch_select_indices(keep)
-            rows, tokens, mask, next_position, alive = (rows[keep], tokens[keep], mask[keep], next_position[keep],
-                                                        alive[keep])
+            rows, tokens, mask, next_position, alive, wrote = (rows[keep], tokens[keep], mask[keep],
+                                                               next_position[keep], alive[keep], wrote[keep])
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
-        logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_position[:, None],
-                       past_key_values=cache, use_cache=True).logits[:, -1]
+        out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_position[:, None],
+                    past_key_values=cache, use_cache=True, output_hidden_states=output_hidden_states)
+        if output_hidden_states:
+            states = _selected(out, output_hidden_states)
+            for row, state, took in zip(rows.tolist(), states, wrote.tolist()):
+                if took:
+                    read_states[row].append(state)
+        if last:
+            break
+        logits = out.logits[:, -1]
         next_position = next_position + 1
-    return responses
+    if not output_hidden_states:
+        return BatchGeneration(responses)
+    return BatchGeneration(responses, [torch.cat(parts) for parts in read_states])
+
+
+def _selected(out, indices: list[int]) -> torch.Tensor:
+    """The hidden states at `indices` of a model output, concatenated [batch, seq, F], in bf16 on the CPU."""
+    return torch.cat([out.hidden_states[i] for i in indices], dim=-1).to("cpu", torch.bfloat16)

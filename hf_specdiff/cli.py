@@ -41,6 +41,7 @@ def cmd_setup(args):
 
 
 def cmd_distill_data(args):
+    from .compat import verifier_layer_ids
     from .data import DistillDataConfig, make_distill_data, read_prompts
     from .verifiers import load_verifier
 
@@ -51,7 +52,8 @@ def cmd_distill_data(args):
     config = DistillDataConfig(samples_per_prompt=args.samples_per_prompt, temperature=args.temperature,
                                top_p=args.top_p, max_new_tokens=args.max_new_tokens, seed=args.seed)
     make_distill_data(verifier, tokenizer, prompts, args.out, config, batch_size=args.batch_size,
-                      verifier_name=args.verifier, max_samples=args.max_samples or None)
+                      verifier_name=args.verifier, max_samples=args.max_samples or None,
+                      verifier_layer_ids=verifier_layer_ids(args.verifier_layers, verifier))
     print(f"data in {args.out}")
 
 
@@ -233,6 +235,10 @@ def _distill_data_parser(sub):
     p.add_argument("--max-samples", type=int, default=0,
                    help="stop after N samples (shortest prompts first); a later run with a larger N extends the data")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verifier-layers", default="",
+                   help="also keep the verifier's hidden states after these layers ('auto' or a list, as `train "
+                        "--verifier-layers`), read while generating: the feature cache `train --feature-cache` "
+                        "reads, with no teacher forward over the data")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16"])
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_distill_data)

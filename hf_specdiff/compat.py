@@ -28,6 +28,16 @@ def default_verifier_layers(num_layers: int, count: int = 3) -> list[int]:
     return sorted({round(first + i * (last - first) / max(count - 1, 1)) for i in range(count)})
 
 
+def verifier_layer_ids(spec: str, verifier) -> list[int]:
+    """The verifier layers a setting like `--verifier-layers` names: '' none, 'auto' (`default_verifier_layers`),
+    or a list like '1,14,28'."""
+    if spec in ("", "auto"):
+        return default_verifier_layers(_verifier_text_config(verifier).num_hidden_layers) if spec else []
+    if not all(part.strip().lstrip("-").isdigit() for part in spec.split(",")):
+        raise ValueError(f"verifier_layers must be empty, 'auto' or a list like '1,14,28', got {spec!r}")
+    return [int(part) for part in spec.split(",")]
+
+
 def verifier_rope_theta(text_config) -> float:
     """The RoPE base of a verifier's text config (transformers 5 keeps it in `rope_parameters`)."""
     rope = getattr(text_config, "rope_parameters", None) or {}

@@ -18,6 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .batch_generation import generate_batch
+from .feature_cache import FeatureShardWriter
 
 FORMAT_VERSION = 2  # 2: responses from `generate_batch` (1: transformers' generate)
 SHARD_ROWS = 10000
@@ -131,11 +132,14 @@ def load_distill_data(path) -> tuple[dict, list[dict]]:
 @torch.no_grad()
 def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDataConfig | None = None,
                       batch_size: int = 16, verifier_name: str | None = None, progress: bool = True,
-                      max_samples: int | None = None) -> Path:
+                      max_samples: int | None = None, verifier_layer_ids: list[int] | None = None) -> Path:
     """Sample responses from `verifier` for `prompts` into `out/` (resumable; see the module docstring).
 
     `max_samples` stops after that many samples of the work list (shortest prompts first): a smaller data set that a
-    later run with a larger limit extends."""
+    later run with a larger limit extends. `verifier_layer_ids` also keeps the verifier's hidden states after those
+    layers at every token, read while generating, as the feature cache of a conditioned drafter that reads them
+    (`feature_cache.attach_features`): training with `--feature-cache` then needs no teacher forward over the
+    data."""
     config = config or DistillDataConfig()
     if config.temperature < 0:
         raise ValueError(f"temperature must be >= 0 (0: greedy), got {config.temperature}")
@@ -166,6 +170,8 @@ def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDa
     device = verifier.device
     throughput = Throughput(out)
     written = len(done)
+    features = FeatureShardWriter(out, verifier_layer_ids, len(work)) if verifier_layer_ids else None
+    hidden_states = [i + 1 for i in verifier_layer_ids] if verifier_layer_ids else None
     shard = out / f"data-{written // SHARD_ROWS:05d}.jsonl"
 
     bar = tqdm(total=len(work), initial=len(done), desc="distill-data", unit="sample", disable=not progress)
@@ -174,19 +180,24 @@ def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDa
             continue
         generator = torch.Generator(device).manual_seed(config.seed * 1_000_003 + batch_index)
         start = time.perf_counter()
-        responses = generate_batch(verifier, [encoded[i] for i, _ in batch], config.max_new_tokens, eos_ids, pad_id,
-                                   config.temperature, config.top_p, generator)
-        throughput.add(sum(map(len, responses)), time.perf_counter() - start)
-        lines = []
-        for (prompt_index, sample_index), response in zip(batch, responses):
+        generation = generate_batch(verifier, [encoded[i] for i, _ in batch], config.max_new_tokens, eos_ids, pad_id,
+                                    config.temperature, config.top_p, generator, output_hidden_states=hidden_states)
+        throughput.add(sum(map(len, generation.responses)), time.perf_counter() - start)
+        lines, new_states = [], []
+        states = generation.hidden_states or [None] * len(batch)
+        for (prompt_index, sample_index), response, row_states in zip(batch, generation.responses, states):
             if (prompt_index, sample_index) in done:  # kept from a batch a crash cut short
                 continue
             lines.append(json.dumps({"prompt_index": prompt_index, "sample_index": sample_index,
                                      "prompt_ids": encoded[prompt_index], "response_ids": response}))
+            new_states.append(row_states)
         with shard.open("a") as f:
             f.write("\n".join(lines) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        if features is not None:  # after the rows are on disk
+            for row, row_states in enumerate(new_states, written):
+                features.add(row, row_states)
         written += len(lines)
         shard = out / f"data-{written // SHARD_ROWS:05d}.jsonl"
         throughput.save()

@@ -6,7 +6,8 @@ response as context (as at drafting time), they serve every step, epoch and run.
 can give the verifier's k likeliest next tokens at every position, so a KL term needs no verifier at training time.
 
 A cache is a folder of shards of `SHARD_ROWS` rows, each written whole as soon as it is computed: a run that is
-killed keeps its finished shards, and a data folder that gains rows recomputes only its last shard. Shards are
+killed keeps its finished shards, and a data folder that gains rows recomputes only its last shard. `distill-data
+--verifier-layers` writes the same shards while it generates, from the hidden states the generation reads anyway. Shards are
 memory-mapped when read, so millions of tokens of features (7 KB a token for SmolLM2's three layers) need no RAM of
 their own.
 """
@@ -29,6 +30,27 @@ def cache_path(data, layer_ids: list[int]) -> Path:
 def top_k_cache_path(data, top_k: int) -> Path:
     """The folder of the verifier's `top_k` likeliest next tokens in data folder `data`."""
     return Path(data) / f"verifier-top-{top_k}"
+
+
+def shard_name(first_row: int) -> str:
+    """The file of the shard that holds row `first_row`."""
+    return f"shard-{first_row // SHARD_ROWS:05d}.pt"
+
+
+class FeatureShardWriter:
+    """Keeps features of rows as a data set is generated (`make_distill_data`), in the shards `attach_features`
+    reads: a shard is written once all its rows have theirs. Rows whose shard cannot be completed (rows before them
+    were made by a run that was killed before it wrote them) are left to `attach_features` to compute."""
+
+    def __init__(self, data, layer_ids: list[int], total_rows: int):
+        self.folder, self.total_rows, self.pending = cache_path(data, layer_ids), total_rows, {}
+
+    def add(self, row: int, features: torch.Tensor):
+        self.pending[row] = features
+        first = row - row % SHARD_ROWS
+        rows = range(first, min(first + SHARD_ROWS, self.total_rows))
+        if all(i in self.pending for i in rows):
+            _save(self.folder / shard_name(first), [self.pending.pop(i) for i in rows])
 
 
 def _batches(sequences: list[list[int]], max_batch_tokens: int):
@@ -104,7 +126,7 @@ def attach_features(data, verifier, drafter, rows: list[dict], top_k: int = 0, p
     features_dir, top_dir = cache_path(data, drafter.config.verifier_layer_ids), top_k_cache_path(data, top_k)
     bar = tqdm(total=len(rows), desc="verifier features", disable=not progress)
     for start in range(0, len(rows), SHARD_ROWS):
-        shard, name = rows[start : start + SHARD_ROWS], f"shard-{start // SHARD_ROWS:05d}.pt"
+        shard, name = rows[start : start + SHARD_ROWS], shard_name(start)
         features = _load_matching(features_dir / name, shard)
         top = _load_matching(top_dir / name, shard) if top_k else None
         if features is None or (top_k and top is None):

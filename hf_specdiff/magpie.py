@@ -80,7 +80,7 @@ def synthesize_prompts(verifier, tokenizer, num_prompts: int, out, batch_size: i
         generator = torch.Generator(verifier.device).manual_seed(seed * 1_000_003 + meta["batches"])
         start = time.perf_counter()
         turns = generate_batch(verifier, [prefix] * batch_size, max_new_tokens, ends, pad_id, temperature, top_p,
-                               generator)
+                               generator).responses
         seconds = time.perf_counter() - start
         kept = []
         for turn in turns:

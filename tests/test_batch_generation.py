@@ -19,8 +19,19 @@ def test_greedy_rows_equal_plain_greedy_and_stop_at_eos(arch):
     eos = plain[0][5]  # a token that ends some rows early
     expected = [row[: row.index(eos) + 1] if eos in row else row for row in plain]
     assert any(len(row) < 24 for row in expected) and any(len(row) == 24 for row in expected)
-    assert generate_batch(verifier, prompts, 24, {eos}, pad_id=0) == expected
-    assert generate_batch(verifier, [prompts[1]] * 3, 24, {eos}, pad_id=0) == [expected[1]] * 3  # read once, copied
+    assert generate_batch(verifier, prompts, 24, {eos}, pad_id=0).responses == expected
+    assert generate_batch(verifier, [prompts[1]] * 3, 24, {eos}, pad_id=0).responses == [expected[1]] * 3  # read once
+    generation = generate_batch(verifier, prompts + [prompts[1]], 24, {eos}, pad_id=0, output_hidden_states=[1, -1])
+    assert generation.responses == expected + [expected[1]]
+    for prompt, response, states in zip(prompts + [prompts[1]], generation.responses, generation.hidden_states):
+        with torch.no_grad():  # what a teacher-forced forward over prompt + response gives, last token included
+            out = verifier(torch.tensor([prompt + response]), output_hidden_states=True)
+        forced = torch.cat([out.hidden_states[1], out.hidden_states[-1]], dim=-1)[0]
+        assert states.dtype == torch.bfloat16 and states.shape == forced.shape
+        torch.testing.assert_close(states.float(), forced, rtol=2e-2, atol=2e-2)
+    same = generate_batch(verifier, [prompts[1]] * 2, 24, {eos}, pad_id=0, output_hidden_states=[1, -1])
+    for states in same.hidden_states:  # the prompt read once, its states given to both rows
+        torch.testing.assert_close(states.float(), generation.hidden_states[1].float(), rtol=2e-2, atol=2e-2)
 
 
 def test_sampling_is_reproducible_and_distributed_as_the_model():
@@ -29,7 +40,7 @@ def test_sampling_is_reproducible_and_distributed_as_the_model():
 
     def sample(seed):
         return generate_batch(verifier, rows, 2, set(), pad_id=0, temperature=1.0,
-                              generator=torch.Generator().manual_seed(seed))
+                              generator=torch.Generator().manual_seed(seed)).responses
 
     first = sample(0)
     assert first == sample(0) and first != sample(1)

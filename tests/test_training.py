@@ -199,6 +199,32 @@ def test_feature_cache_keeps_its_finished_shards_through_a_crash(workspace, tmp_
     assert computed == [8, 16]  # the last shard only, once with 8 rows, then again with 16
 
 
+def test_distill_data_keeps_the_features_it_reads_while_generating(workspace, tmp_path, monkeypatch):
+    """`verifier_layer_ids` writes the feature cache while generating: the teacher-forced features, in the shards
+    `attach_features` reads; rows of a shard a run could not complete (data extended later) are computed there."""
+    from hf_specdiff import feature_cache
+    from hf_specdiff.training import verifier_features
+    from helpers import tiny_drafter
+
+    root, verifier, tokenizer = workspace
+    drafter = tiny_drafter(verifier, conditioned=True)
+    monkeypatch.setattr(feature_cache, "SHARD_ROWS", 16)
+    prompts, config = read_prompts(root / "train.jsonl"), DistillDataConfig(samples_per_prompt=1, temperature=0)
+    for samples in (24, 48):  # 24 rows: shards of 16 and 8 rows; 48: rows 24-31 cannot complete shard 1
+        make_distill_data(verifier, tokenizer, prompts, tmp_path / "data", config, batch_size=8, progress=False,
+                          max_samples=samples, verifier_layer_ids=drafter.config.verifier_layer_ids)
+    computed, compute = [], feature_cache.compute_features
+    monkeypatch.setattr(feature_cache, "compute_features", lambda v, d, shard, *a, **k: computed.append(len(shard))
+                        or compute(v, d, shard, *a, **k))
+    rows = load_distill_data(tmp_path / "data")[1]
+    feature_cache.attach_features(tmp_path / "data", verifier, drafter, rows, progress=False)
+    assert computed == [16]  # shard 1 only
+    for row in rows[:16:5] + rows[32::5]:
+        ids = torch.tensor([row["prompt_ids"] + row["response_ids"]])
+        expected = verifier_features(verifier, drafter, ids, torch.ones_like(ids, dtype=torch.bool))[0]
+        torch.testing.assert_close(row["features"].float(), expected, rtol=2e-2, atol=2e-2)
+
+
 def test_training_on_several_data_folders(workspace, tmp_path):
     """Greedy and sampled responses to one prompt set train one drafter: rows of both folders, each folder's
     features cached in it, held-out prompts held out of both; the recipe and card name the mix."""
