@@ -118,13 +118,14 @@ def cmd_bench(args):
     prompts = read_spec_bench(args.prompts, args.per_category)  # a bad prompts file fails before any model loads
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     run_info = {k: settings[k] for k in ("verifier", "drafter", "compare_drafter", "mdlm_drafter", "ar_drafter",
-                                         "dtype", "threads")}
+                                         "dtype", "drafter_dtype", "threads")}
     verifier, tokenizer = load_verifier(args.verifier, dtype=_dtype(args.dtype), device=args.device)
+    drafter_dtype = verifier.dtype if args.drafter_dtype == "same" else _dtype(args.drafter_dtype)
 
     def load(path):
         if not path:
             return None
-        return AutoModelForCausalLM.from_pretrained(path, dtype=verifier.dtype, trust_remote_code=True) \
+        return AutoModelForCausalLM.from_pretrained(path, dtype=drafter_dtype, trust_remote_code=True) \
             .to(verifier.device).eval()
 
     drafter = args.drafter or (shipped_drafter_path(args.verifier) if args.verifier in SHIPPED_DRAFTERS else None)
@@ -302,6 +303,9 @@ def _bench_parser(sub):
                    help="run each prompt this many times through every method (order reversed every other time) and "
                         "keep each method's fastest run: less timing noise on a shared machine")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--drafter-dtype", default="same", choices=["same", "bf16", "fp32"],
+                   help="the drafters' dtype (same: the verifier's); an fp32 drafter beside a bf16 verifier drafts "
+                        "faster on CPUs without bf16 matrix units (docs/tuning.md)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default=None)
     p.add_argument("--out", default="results",

@@ -88,7 +88,7 @@ def test_benchmark(models, tmp_path, kind):
     assert "| overall |" in out and (tmp_path / "results" / "results.json").exists()
 
 
-def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, capsys):
+def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, capsys, monkeypatch):
     from hf_specdiff.cli import main
 
     args = ["bench", "--verifier", str(models / "verifier"), "--drafter", str(models / "conditioned"),
@@ -102,6 +102,17 @@ def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, 
     assert json.loads((tmp_path / "results.json").read_text())["records"] == summary["records"]
     assert main([a if a != "8" else "9" for a in args]) == 2
     assert "other settings (then, now: {'max_new_tokens': (8, 9)})" in capsys.readouterr().err
+    from hf_specdiff import bench
+
+    dtypes, benchmark = [], bench.benchmark
+    monkeypatch.setattr(bench, "benchmark", lambda verifier, *a, **k: dtypes.append(
+        (verifier.dtype, k["conditioned_drafter"].dtype)) or benchmark(verifier, *a, **k))
+    mixed = tmp_path / "bf16-drafter"  # a drafter in another dtype than the verifier: still lossless
+    assert main(args[:-1] + [str(mixed), "--drafter-dtype", "bf16"]) == 0
+    assert dtypes == [(torch.float32, torch.bfloat16)]
+    summary = json.loads((mixed / "results.json").read_text())
+    assert summary["settings"]["drafter_dtype"] == "bf16"
+    assert all(result["exact_match"] == 1.0 for result in summary["results"]["math"].values()), summary["results"]
 
 
 def test_verifier_cost(models):
