@@ -33,7 +33,7 @@ def verifier_layer_ids(spec: str, verifier) -> list[int]:
     or a list like '1,14,28'."""
     if spec in ("", "auto"):
         return default_verifier_layers(_verifier_text_config(verifier).num_hidden_layers) if spec else []
-    if not all(part.strip().lstrip("-").isdigit() for part in spec.split(",")):
+    if not all(part.strip().isdigit() for part in spec.split(",")):
         raise ValueError(f"verifier_layers must be empty, 'auto' or a list like '1,14,28', got {spec!r}")
     return [int(part) for part in spec.split(",")]
 

@@ -7,9 +7,9 @@ can give the verifier's k likeliest next tokens at every position, so a KL term 
 
 A cache is a folder of shards of `SHARD_ROWS` rows, each written whole as soon as it is computed: a run that is
 killed keeps its finished shards, and a data folder that gains rows recomputes only its last shard. `distill-data
---verifier-layers` writes the same shards while it generates, from the hidden states the generation reads anyway. Shards are
-memory-mapped when read, so millions of tokens of features (7 KB a token for SmolLM2's three layers) need no RAM of
-their own.
+--verifier-layers` writes the same shards while it generates, from the hidden states the generation reads anyway.
+Shards are memory-mapped when read, so millions of tokens of features (7 KB a token for SmolLM2's three layers)
+need no RAM of their own.
 """
 
 import os
