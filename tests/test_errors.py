@@ -99,6 +99,18 @@ def test_bad_config_values():
         SpecDiffConfig(block_size=64, max_position_embeddings=64)
 
 
+def test_verifier_layer_settings():
+    from transformers import LlamaConfig
+
+    from hf_specdiff.compat import verifier_layer_ids
+
+    thirty = LlamaConfig(num_hidden_layers=30)
+    assert verifier_layer_ids("auto", thirty) == [1, 14, 28] and verifier_layer_ids("", thirty) == []
+    assert verifier_layer_ids("2, 7", thirty) == [2, 7]
+    with pytest.raises(ValueError, match="verifier_layers must be empty, 'auto' or a list like '1,14,28', got 'mid'"):
+        verifier_layer_ids("mid", thirty)
+
+
 def test_empty_prompt_is_refused_on_every_entry_point():
     import hf_specdiff
 
