@@ -52,12 +52,17 @@ def test_distill_data_resumes_after_a_crash(workspace, tmp_path):
 
 
 def test_data_snapshot_restores_a_lost_run_which_then_resumes(workspace, tmp_path):
-    """examples/data_snapshot.py: a run saved part-way, lost, restored (over a shorter copy) and resumed ends with an uninterrupted run's
-    rows; the feature cache stays out of the snapshot, and saving again rewrites identical bytes."""
-    import runpy
+    """examples/data_snapshot.py: a run saved part-way (rows in chunks), lost, restored over a shorter copy and
+    resumed ends with an uninterrupted run's rows; the feature cache stays out, and saving again writes the same
+    bytes."""
+    import importlib.util
     import shutil
 
-    snapshot = runpy.run_path(str(Path(__file__).resolve().parents[1] / "examples" / "data_snapshot.py"))
+    spec = importlib.util.spec_from_file_location(
+        "data_snapshot", Path(__file__).resolve().parents[1] / "examples" / "data_snapshot.py")
+    snapshot = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(snapshot)
+    snapshot.CHUNK_LINES = 3
     root, verifier, tokenizer = workspace
     prompts = read_prompts(root / "train.jsonl")[:12]
     config = DistillDataConfig(samples_per_prompt=1, temperature=0.0, max_new_tokens=24)
@@ -65,16 +70,17 @@ def test_data_snapshot_restores_a_lost_run_which_then_resumes(workspace, tmp_pat
     run = tmp_path / "run"
     make_distill_data(verifier, tokenizer, prompts, run / "data", config, batch_size=4, progress=False,
                       max_samples=8, verifier_layer_ids=[0])
-    snapshot["save"](run, tmp_path / "snap")
+    snapshot.save(run, tmp_path / "snap")
     packed = {p.relative_to(tmp_path / "snap"): p.read_bytes() for p in (tmp_path / "snap").rglob("*.gz")}
-    assert {p.name for p in packed} == {"data-00000.jsonl.gz", "meta.json.gz", "stats.json.gz"}
-    snapshot["save"](run, tmp_path / "snap")
+    assert {p.name for p in packed} == {"data-00000.jsonl.0000.gz", "data-00000.jsonl.0001.gz",
+                                        "data-00000.jsonl.0002.gz", "meta.json.gz", "stats.json.gz"}
+    snapshot.save(run, tmp_path / "snap")
     assert {p: (tmp_path / "snap" / p).read_bytes() for p in packed} == packed
     first_rows = (run / "data" / "data-00000.jsonl").read_text().splitlines(keepends=True)[:3]
     shutil.rmtree(run)  # lost; then a run elsewhere got as far as 3 rows
     (run / "data").mkdir(parents=True)
     (run / "data" / "data-00000.jsonl").write_text("".join(first_rows))
-    snapshot["restore"](tmp_path / "snap", run)
+    snapshot.restore(tmp_path / "snap", run)
     assert len(load_distill_data(run / "data")[1]) == 8
     make_distill_data(verifier, tokenizer, prompts, run / "data", config, batch_size=4, progress=False)
     key = lambda r: (r["prompt_index"], r["sample_index"])  # noqa: E731
