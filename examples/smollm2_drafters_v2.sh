@@ -6,9 +6,7 @@
 # the online teacher forward would cost 3x the steps here).
 # Every run is resumable: rerun the script after an interruption. CPU, 2 threads, fp32 (AVX2 machines: batched bf16 is
 # many times slower there).
-# The 3M-token data (greedy and sampled responses to 10,000 prompts, both folders train together), one pass:
-#   RUN=runs/smollm2_v3 DATA=runs/smollm2_v3/data_greedy,runs/smollm2_v3/data_sampled STEPS=2000 SMALL=2000 \
-#       RESULTS=docs/results/smollm2-v3 BENCH=0 bash examples/smollm2_drafters_v2.sh
+# The 3M-token v3 data (greedy and sampled responses, both folders train together), one pass: examples/smollm2_v3.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/smollm2_v2}
