@@ -147,14 +147,18 @@ def make_distill_data(verifier, tokenizer, prompts: list, out, config: DistillDa
         raise ValueError("temperature 0 (greedy) gives one response per prompt: use samples_per_prompt=1")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    # the dtype too: greedy responses (and kept hidden states) of an fp32 and a bf16 verifier differ
     meta = {"format_version": FORMAT_VERSION, "verifier": verifier_identity(verifier, verifier_name),
-            "num_prompts": len(prompts), "settings": asdict(config)}
+            "dtype": str(verifier.dtype).removeprefix("torch."), "num_prompts": len(prompts),
+            "settings": asdict(config)}
     meta_path = out / "meta.json"
     if meta_path.exists():
         old = json.loads(meta_path.read_text())
-        if {k: old.get(k) for k in meta} != meta:
-            raise ValueError(f"{out} holds data made with other settings or another verifier "
-                             f"({old.get('verifier')}, {old.get('settings')}): use a new --out folder")
+        old.setdefault("dtype", meta["dtype"])  # folders made before the dtype was recorded
+        differ = {k: (old.get(k), meta[k]) for k in meta if old.get(k) != meta[k]}
+        if differ:
+            raise ValueError(f"{out} holds data made with other settings, another verifier or another dtype (then, "
+                             f"now: {differ}): use a new --out folder")
     else:
         meta_path.write_text(json.dumps(meta, indent=2))
 

@@ -88,6 +88,27 @@ def test_data_snapshot_restores_a_lost_run_which_then_resumes(workspace, tmp_pat
         sorted(load_distill_data(tmp_path / "full" / "data")[1], key=key)
 
 
+def test_distill_data_refuses_to_extend_a_folder_with_other_settings_or_dtype(workspace, tmp_path):
+    root, verifier, tokenizer = workspace
+    prompts = read_prompts(root / "train.jsonl")[:8]
+    config = DistillDataConfig(samples_per_prompt=1, temperature=0.0, max_new_tokens=8)
+    make_distill_data(verifier, tokenizer, prompts, tmp_path / "data", config, batch_size=4, progress=False,
+                      max_samples=4)
+    assert json.loads((tmp_path / "data" / "meta.json").read_text())["dtype"] == "float32"
+    with pytest.raises(ValueError, match=r"another dtype \(then, now: \{'dtype': \('float32', 'bfloat16'\)\}\)"):
+        make_distill_data(verifier.to(torch.bfloat16), tokenizer, prompts, tmp_path / "data", config, batch_size=4,
+                          progress=False)
+    verifier.float()
+    with pytest.raises(ValueError, match="use a new --out folder"):
+        make_distill_data(verifier, tokenizer, prompts, tmp_path / "data", replace(config, max_new_tokens=9),
+                          batch_size=4, progress=False)
+    meta = json.loads((tmp_path / "data" / "meta.json").read_text())
+    del meta["dtype"]  # a folder made before the dtype was recorded still resumes
+    (tmp_path / "data" / "meta.json").write_text(json.dumps(meta))
+    make_distill_data(verifier, tokenizer, prompts, tmp_path / "data", config, batch_size=4, progress=False)
+    assert len(load_distill_data(tmp_path / "data")[1]) == 8
+
+
 def test_greedy_distill_data_is_the_verifiers_greedy_response(workspace, tmp_path):
     root, verifier, tokenizer = workspace
     prompts = read_prompts(root / "train.jsonl")[:6]
