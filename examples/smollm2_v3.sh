@@ -13,5 +13,6 @@ SNAPSHOT=datasets/smollm2-v3
 # dtype it was started with (distill-data refuses to mix), so finish it on such a machine
 RUN=$RUN DTYPE=bf16 MAGPIE=6000 BUILDER=4000 SAMPLES=10000 SAMPLED=6000 bash examples/smollm2_data_v2.sh
 python examples/data_snapshot.py save "$RUN" "$SNAPSHOT"
+# bf16 autocast: on the AVX512-BF16/AMX machine 6x faster than fp32 (a dflash step 0.37 s, a specdiff one 0.22 s)
 RUN=$RUN DATA=$RUN/data_greedy,$RUN/data_sampled STEPS=2000 SMALL=2000 RESULTS=docs/results/smollm2-v3 BENCH=0 \
-    bash examples/smollm2_drafters_v2.sh
+    PRECISION=bf16 bash examples/smollm2_drafters_v2.sh
