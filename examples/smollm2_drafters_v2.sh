@@ -25,7 +25,7 @@ COMMON="--verifier smollm2-135m-instruct --data $DATA --objective ce-streak --ve
 SPECDIFF="--layout specdiff --hidden-size 256 --num-hidden-layers 2 --num-attention-heads 4 --num-key-value-heads 2
     --intermediate-size 768"
 DFLASH="--layout dflash --num-hidden-layers 3 --mask-token-id 16"   # 16 = <empty_output>, unused in chat
-for rows in "$SMALL" 0; do
+for rows in 0 "$SMALL"; do   # all rows first: the candidates to ship
     hf-specdiff train $COMMON $SPECDIFF --max-train-rows "$rows" --out "$OUT/specdiff-rows$rows"
     hf-specdiff train $COMMON $DFLASH --max-train-rows "$rows" --out "$OUT/dflash-rows$rows"
 done
