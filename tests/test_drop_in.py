@@ -80,7 +80,8 @@ def test_reduced_draft_vocabulary_stays_exact(trained):
     verifier, _ = trained("llama")
     sequences = greedy_sequences(verifier, PROMPTS, 48)
     frequent = torch.bincount(sequences.flatten(), minlength=96).topk(24).indices.tolist()
-    drafter = train_briefly(tiny_drafter(verifier, block_size=8, draft_token_ids=frequent), sequences, steps=100)
+    drafter = constant_length(train_briefly(tiny_drafter(verifier, block_size=8, draft_token_ids=frequent), sequences,
+                                            steps=100))
     counter = ForwardCounter(verifier)
     for prompt in PROMPTS[:4].split(1):
         plain = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None)
