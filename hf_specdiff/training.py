@@ -450,13 +450,16 @@ def held_out_metrics(drafter, windows: Windows, block_size: int, verifier=None) 
 # Checkpoints
 
 
-def save_checkpoint(out: Path, drafter, optimizer, scheduler, step: int, config: TrainConfig):
-    """Write out/checkpoint atomically (a staging folder renamed into place)."""
+def save_checkpoint(out: Path, drafter, optimizer, scheduler, step: int, config: TrainConfig,
+                    wall_time_s: float = 0.0):
+    """Write out/checkpoint atomically (a staging folder renamed into place). `wall_time_s`: what the run's steps
+    so far took, over all its sessions."""
     staging, final, old = out / "checkpoint.tmp", out / "checkpoint", out / "checkpoint.old"
     shutil.rmtree(staging, ignore_errors=True)
     drafter.save_pretrained(staging)
     torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, staging / "trainer.pt")
-    (staging / "state.json").write_text(json.dumps({"step": step, "config": asdict(config)}))
+    (staging / "state.json").write_text(json.dumps({"step": step, "config": asdict(config),
+                                                       "wall_time_s": round(wall_time_s, 1)}))
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         final.rename(old)
@@ -492,6 +495,7 @@ class TrainingRun:
     scheduler: object = None
     start: int = 0  # the step the run starts (or resumes) at
     checkpoint: Path | None = None  # the checkpoint it resumes from
+    wall_time_before: float = 0.0  # seconds the steps before `start` took (in earlier sessions)
     eval_windows: Windows | None = None
 
     @property
@@ -515,6 +519,10 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
         raise ValueError(f"batch_size {config.batch_size} is the global batch: it must divide evenly over the "
                          f"{accelerator.num_processes} processes")
     run = _load_run(config, accelerator, progress)
+    if run.start >= config.max_steps:  # finished: its drafter and recipe stay as they are
+        if progress and accelerator.is_main_process:
+            print(f"{run.out} is trained ({config.max_steps} steps)")
+        return run.out
     _prepare_optimization(run)
     show = progress and run.accelerator.is_main_process
     run.out.mkdir(parents=True, exist_ok=True)
@@ -535,7 +543,8 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
                                                if "greedy_streak" in record else {}))
         bar.update(1)
         if run.accelerator.is_main_process and done % config.save_every == 0 and done < config.max_steps:
-            save_checkpoint(run.out, run.drafter, run.optimizer, run.scheduler, done, config)
+            save_checkpoint(run.out, run.drafter, run.optimizer, run.scheduler, done, config,
+                            run.wall_time_before + time.time() - began)
         run.accelerator.wait_for_everyone()
     bar.close()
     if run.accelerator.is_main_process:
@@ -558,8 +567,9 @@ def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
     if not train_rows:
         raise ValueError("no training rows left after the held-out split: lower eval_fraction or add prompts")
     drafter, start, checkpoint = _resume_or_build(config, verifier, train_rows)
+    before = json.loads((checkpoint / "state.json").read_text()).get("wall_time_s", 0.0) if checkpoint else 0.0
     run = TrainingRun(config, accelerator, sources, rows, train_rows, eval_rows, verifier, drafter, start=start,
-                      checkpoint=checkpoint)
+                      checkpoint=checkpoint, wall_time_before=before)
     cached = config.feature_cache and config.kind == "diffusion" and drafter.config.is_conditioned
     top_k = config.kl_top_k if cached and config.kl_weight else 0
     if cached:
@@ -668,7 +678,7 @@ def _save_result(run: TrainingRun, seconds: float):
     config, out = run.config, run.out
     run.drafter.eval().save_pretrained(out)
     recipe = {"config": asdict(config), "steps": config.max_steps, "resumed_from_step": run.start,
-              "wall_time_s": round(seconds, 1), "machine": _machine(run.accelerator),
+              "wall_time_s": round(run.wall_time_before + seconds, 1), "machine": _machine(run.accelerator),
               "data": {"rows": len(run.rows), "train_rows": len(run.train_rows), "held_out_rows": len(run.eval_rows),
                        "verifier": run.sources[0].meta["verifier"], "settings": run.sources[0].meta["settings"],
                        "sources": [{"folder": source.folder, "rows": len(source.rows),
@@ -677,7 +687,8 @@ def _save_result(run: TrainingRun, seconds: float):
     if folder is not None and (folder / "training_recipe.json").is_file():
         recipe["init_recipe"] = json.loads((folder / "training_recipe.json").read_text())
     (out / "training_recipe.json").write_text(json.dumps(recipe, indent=2))
-    save_checkpoint(out, run.drafter, run.optimizer, run.scheduler, config.max_steps, config)
+    save_checkpoint(out, run.drafter, run.optimizer, run.scheduler, config.max_steps, config,
+                    run.wall_time_before + seconds)
 
 
 def _several_cpu_processes() -> bool:

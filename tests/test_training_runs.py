@@ -73,12 +73,18 @@ def test_killed_training_resumes_to_the_same_weights(workspace, monkeypatch):
     step, _ = _kill_after_checkpoint(args, env, Path(config.out), 40)
     assert 40 <= step < 120, "the run was not killed mid-way"
     assert not (Path(config.out) / "model.safetensors").exists()
+    killed_seconds = json.loads((Path(config.out) / "checkpoint" / "state.json").read_text())["wall_time_s"]
     resumed = train(config, progress=False)
     assert loads and all(loads), loads
     a, b = load_file(whole / "model.safetensors"), load_file(resumed / "model.safetensors")
     assert a.keys() == b.keys()
     differ = {k: (a[k] - b[k]).abs().max().item() for k in a if not torch.equal(a[k], b[k])}
     assert not differ, f"resumed from step {step}, the weights differ (max abs difference): {differ}"
+    recipe = json.loads((resumed / "training_recipe.json").read_text())  # the wall time counts both sessions
+    assert recipe["resumed_from_step"] == step and recipe["wall_time_s"] > killed_seconds > 0, recipe
+    finished = {f: (resumed / f).read_bytes() for f in ("training_recipe.json", "model.safetensors", "log.jsonl")}
+    train(config, progress=False)  # a finished run started again is left as it is
+    assert all((resumed / f).read_bytes() == data for f, data in finished.items())
 
 
 def _kill_after_checkpoint(command: list[str], env: dict, out: Path, step: int) -> tuple[int, int]:
