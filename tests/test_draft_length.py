@@ -55,6 +55,26 @@ def test_policy_drafts_long_only_where_it_pays(slope, rate, expected):
     assert expected[0] <= length <= expected[1]
 
 
+def test_a_drafting_policy_measures_plain_steps_and_skips_once_they_show_drafting_does_not_pay():
+    """A drafting round pays the drafter's forward once (here a quarter of a step): the line through the drafting
+    rounds, extrapolated to g = 0, puts a plain step at 1.25 and drafting at 20% acceptance looks worth it. Measured,
+    a plain step costs 1.0 and the policy skips; a drafter accepted at 80% goes on drafting, with a measuring plain
+    step only every `plain_every` rounds once enough are measured."""
+    def run(rate, rounds=300):
+        policy, generator, lengths = DraftLengthPolicy(16), torch.Generator().manual_seed(0), []
+        for _ in range(rounds):
+            g = policy.next_length(allow_skip=True)
+            accepted = int((torch.rand(g, generator=generator) < rate).long().cumprod(0).sum())
+            policy.update(g, accepted, 1.0 if g == 0 else 1.25 + 0.02 * g)
+            lengths.append(g)
+        return lengths
+
+    rejected, accepted = run(0.2), run(0.8)
+    assert rejected[-100:].count(0) >= 90, rejected
+    plain_steps = accepted[-2 * DraftLengthPolicy.plain_every:].count(0)
+    assert min(accepted[-100:]) == 0 and plain_steps <= 2 and min(g for g in accepted[-100:] if g) >= 3, accepted
+
+
 def test_probes_grow_rarer_while_drafting_does_not_pay_and_start_again_each_generation():
     policy = DraftLengthPolicy(16)
     for length, seconds in ((0, 1.0), (1, 3.0), (2, 5.0)):  # each drafted token costs two plain steps
@@ -181,6 +201,7 @@ def test_k1_loop_skips_drafting_where_it_does_not_pay_and_probes_now_and_then():
                                              eos_token_id=None).tolist()
     drafting_rounds = stats.drafted[0] if stats.drafted else 0
     assert 1 <= drafting_rounds <= 40 // DraftLengthPolicy.probe_every + 1, stats.as_dict()
+    assert not drafter.assistant_length_policy.costs.rounds  # the drop-in path measures its own rounds
 
 
 @pytest.mark.parametrize("conditioned", [False, True])
@@ -193,7 +214,7 @@ def test_drop_in_path_skips_drafting_where_it_does_not_pay_greedy_only(condition
     if conditioned:
         drafter.attach(verifier)
     for length, seconds in ((1, 3.0), (2, 5.0)):  # as if each drafted token cost twice a plain step
-        drafter.length_policy.costs.record(length, seconds)
+        drafter.assistant_length_policy.costs.record(length, seconds)
     lengths = []
     out = drop_in(verifier, drafter, PROMPTS[:1], lengths)
     assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=60, do_sample=False,
