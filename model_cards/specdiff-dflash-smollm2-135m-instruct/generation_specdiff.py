@@ -291,10 +291,17 @@ class DraftLengthPolicy:
     `max_probe_every` (a probe costs more than it brings, or it would not be skipping); drafting, or a new generation,
     brings the gap back to `probe_every`. While it skips, the decision stands until a round drafts (a probe) or a
     generation starts: a skipped round adds only a plain step's time, which hardly moves it, and weighing every
-    length costs about 0.3 ms, a few tenths of a percent of a step."""
+    length costs about 0.3 ms, a few tenths of a percent of a step.
+
+    While it drafts, such a loop takes a plain step now and then to measure what one costs (every `probe_every`-th
+    round until `plain_samples` are measured, then every `plain_every`-th): without that, a plain step's cost is the
+    drafting rounds' line at g = 0, which still holds the drafter's forward and its round's overhead, so skipping
+    looked dearer than it is and a drafter that barely paid kept drafting."""
 
     probe_every = 8
     max_probe_every = 64
+    plain_samples = 4
+    plain_every = 64
 
     def __init__(self, max_length: int, fixed: int | None = None, prior_slope: float = 0.02):
         self.max_length = max_length
@@ -304,12 +311,15 @@ class DraftLengthPolicy:
         self.skipped = 0
         self.probe_gap = self.probe_every
         self.skipping = False  # the last decision with allow_skip was 0, and nothing has drafted since
+        self.since_plain = 0  # rounds that could have skipped and drafted, since the last plain step
 
     def next_length(self, allow_skip: bool = False) -> int:
         if self.fixed is not None:
             return self.fixed
         if not (allow_skip and self.skipping):
             best = self._best_length(allow_skip)
+            if best and allow_skip and self._measure_plain_step():
+                return 0
             if best:
                 self.skipped, self.probe_gap = 0, self.probe_every
                 return best
@@ -319,6 +329,15 @@ class DraftLengthPolicy:
             return 0
         self.skipped, self.probe_gap = 0, min(2 * self.probe_gap, self.max_probe_every)
         return 1
+
+    def _measure_plain_step(self) -> bool:
+        """Whether this round, which would draft, is a plain step taken to measure one."""
+        self.since_plain += 1
+        measured = self.costs.rounds.get(0, 0) >= self.plain_samples
+        if self.since_plain < (self.plain_every if measured else self.probe_every):
+            return False
+        self.since_plain = 0
+        return True
 
     def _best_length(self, allow_skip: bool) -> int:
         """The draft length with the most expected tokens per second (0 only if `allow_skip`)."""

@@ -277,6 +277,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         self._draft_ids: torch.Tensor | None = None
         self._hooks: VerifierHooks | None = None
         self._length_policy: DraftLengthPolicy | None = None
+        self._assistant_length_policy: DraftLengthPolicy | None = None
         self._tree_round_costs: RoundCosts | None = None
         self.post_init()
         self.generation_config.num_assistant_tokens = config.max_draft_tokens
@@ -519,11 +520,19 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
 
     @property
     def length_policy(self) -> DraftLengthPolicy:
-        """The adaptive draft-length policy of the linear paths (drop-in and K=1): measured acceptance and round
+        """The adaptive draft-length policy of the K=1 path (`hf_specdiff.generate`): measured acceptance and round
         costs, kept across generations."""
         if self._length_policy is None:
             self._length_policy = self.new_length_policy()
         return self._length_policy
+
+    @property
+    def assistant_length_policy(self) -> DraftLengthPolicy:
+        """The drop-in path's own policy (`assistant_model=`): its rounds cost what transformers' assisted loop
+        adds, so their costs are not mixed with the K=1 path's."""
+        if self._assistant_length_policy is None:
+            self._assistant_length_policy = self.new_length_policy()
+        return self._assistant_length_policy
 
     @property
     def tree_round_costs(self) -> RoundCosts:
@@ -549,8 +558,8 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                 self.generation_config.num_assistant_tokens_schedule != ADAPTIVE_SCHEDULE:
             return None
         if cache.assistant_rounds is None:  # a new generation
-            self.length_policy.new_generation()
-            cache.assistant_rounds = AssistantRounds(self.length_policy)
+            self.assistant_length_policy.new_generation()
+            cache.assistant_rounds = AssistantRounds(self.assistant_length_policy)
         return cache.assistant_rounds
 
     @torch.no_grad()
@@ -573,7 +582,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         (the prefix cache to pass back next round).
 
         Called by the assisted loop (`generation_config.is_assistant`) with the drafter's schedule "adaptive" (the
-        default), it drafts as many of the tokens asked for as its `length_policy` finds worth verifying: more where
+        default), it drafts as many of the tokens asked for as its `assistant_length_policy` finds worth verifying: more where
         the drafter is accepted and an extra verified token is cheap on this machine, none where even one does not
         pay (greedy only; probe rounds, rarer while they show that drafting does not pay, keep acceptance
         measured). An empty draft returns `input_ids` unchanged and one placeholder score, which transformers' loop
