@@ -28,8 +28,8 @@ PY
 fi
 python examples/compare_drafters.py $CARD $BEFORE --per-category 2 --max-new-tokens 128 --out $CARD/bench-ablations
 hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --per-category 10 --max-new-tokens 256 \
-    --drafter $CARD --num-drafts 4 --with-lookup --method 'prompt lookup' \
-    --method 'SpecDiff-2 conditioned (K=4) + lookup' --out $CARD/bench
+    --drafter $CARD --num-drafts 4 --with-lookup --method "prompt lookup" \
+    --method "SpecDiff-2 conditioned (K=4) + lookup" --out $CARD/bench
 # its prompts: Magpie requests the verifier wrote itself, and the builder's, which draw on GSM8K
 hf-specdiff card $CARD --base-model HuggingFaceTB/SmolLM2-135M-Instruct --dataset openai/gsm8k \
     --bench $CARD/bench/results.json --bench $CARD/bench-ablations/results.json \
