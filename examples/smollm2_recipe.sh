@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The recipe behind the SmolLM2-135M-Instruct results: prompts -> verifier samples -> the two SpecDiff-2 drafters
+# The recipe of the v2 SmolLM2-135M-Instruct drafter, shipped until v3 (its results and card:
+# docs/results/smollm2-v2-shipped; v3: examples/smollm2_v3.sh): prompts -> verifier samples -> the two SpecDiff-2 drafters
 # (standalone and conditioned on the verifier's hidden states) and the baselines (an unaligned mdlm drafter of each
 # kind, an AR drafter) -> benchmarks. CPU, 2 threads. Every step is resumable: rerun the script after an interruption.
 # Run one step at a time on a 2-core machine: concurrent jobs slow each other down many times over.
@@ -43,9 +44,10 @@ $BENCH $OTHERS --per-category 10 --max-new-tokens 256 --method "AR drafter" --me
     --method "SpecDiff-2 (K=1)" --out "$RUN/results_baselines"
 # the ablations: every method (both drafter kinds, K=1 and 4, with and without lookup) on 2 per category, 128 tokens
 $BENCH $OTHERS --per-category 2 --max-new-tokens 128 --out "$RUN/results_ablations"
-# the model card, rendered from the committed results (copy $RUN/results* into the card's bench*/ folders first)
-CARD=model_cards/specdiff-smollm2-135m-instruct
-hf-specdiff card $CARD --dataset openai/gsm8k --bench $CARD/bench/results.json --bench $CARD/bench-alignment/results.json \
-    --bench $CARD/bench-baselines/results.json --bench $CARD/bench-ablations/results.json \
-    --bench $CARD/bench-avx2/results.json \
+# the model card of that drafter, rendered from the committed results
+CARD=$RUN/drafter_cond
+KEPT=docs/results/smollm2-v2-shipped
+hf-specdiff card $CARD --dataset openai/gsm8k --bench $KEPT/bench/results.json --bench $KEPT/bench-alignment/results.json \
+    --bench $KEPT/bench-baselines/results.json --bench $KEPT/bench-ablations/results.json \
+    --bench $KEPT/bench-avx2/results.json \
     --reproduce "bash examples/smollm2_recipe.sh   # data, the five drafters, the four benches and this card"
