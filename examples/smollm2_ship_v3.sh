@@ -15,7 +15,7 @@ cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/smollm2_v3}
 WINNER=${WINNER:-$RUN/drafters/specdiff-rows0+6000}
 CARD=model_cards/specdiff-smollm2-135m-instruct
-BEFORE=$RUN/drafters/shipped-v2
+BEFORE=${BEFORE:-$RUN/drafters/shipped-v2}  # where the card's drafter is kept aside (the next ship: another folder)
 if ! cmp -s "$WINNER/training_recipe.json" $CARD/training_recipe.json; then
     [ -f $BEFORE/model.safetensors ] || (mkdir -p $BEFORE && cp $CARD/*.json $CARD/*.py $CARD/model.safetensors $BEFORE/)
     rm -rf $CARD/bench*
