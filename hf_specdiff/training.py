@@ -566,8 +566,7 @@ def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
         train_rows = [train_rows[i] for i in sorted(draw.tolist())]
     if not train_rows:
         raise ValueError("no training rows left after the held-out split: lower eval_fraction or add prompts")
-    drafter, start, checkpoint = _resume_or_build(config, verifier, train_rows)
-    before = json.loads((checkpoint / "state.json").read_text()).get("wall_time_s", 0.0) if checkpoint else 0.0
+    drafter, start, checkpoint, before = _resume_or_build(config, verifier, train_rows)
     run = TrainingRun(config, accelerator, sources, rows, train_rows, eval_rows, verifier, drafter, start=start,
                       checkpoint=checkpoint, wall_time_before=before)
     cached = config.feature_cache and config.kind == "diffusion" and drafter.config.is_conditioned
@@ -587,14 +586,15 @@ def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
     return run
 
 
-def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict]) -> tuple[object, int, Path | None]:
-    """(drafter, start step, checkpoint): from the checkpoint in `config.out` if there is one (of a run with the same
-    settings), else a new drafter."""
+def _resume_or_build(config: TrainConfig, verifier,
+                     train_rows: list[dict]) -> tuple[object, int, Path | None, float]:
+    """(drafter, start step, checkpoint, seconds its steps took): from the checkpoint in `config.out` if there is one
+    (of a run with the same settings), else a new drafter."""
     from transformers import AutoModelForCausalLM
 
     checkpoint = latest_checkpoint(Path(config.out))
     if checkpoint is None:
-        return build_drafter(config, verifier, train_rows), 0, None
+        return build_drafter(config, verifier, train_rows), 0, None, 0.0
     saved = json.loads((checkpoint / "state.json").read_text())
     saved["config"] = {**asdict(replace(config, **_defaults())), **saved["config"]}  # fields added since: defaults
     if saved["config"] != asdict(config):
@@ -604,7 +604,7 @@ def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict]) -> t
     drafter = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
     if config.kind == "diffusion":
         drafter.set_verifier(verifier)
-    return drafter, saved["step"], checkpoint
+    return drafter, saved["step"], checkpoint, saved.get("wall_time_s", 0.0)
 
 
 def _defaults() -> dict:
