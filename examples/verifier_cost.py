@@ -1,7 +1,8 @@
 """What a verified token costs on this machine: the verifier's forward over k new tokens after a cached context,
 relative to k = 1 (docs/tuning.md). Speculative decoding pays where these ratios stay near 1.
 
-    python examples/verifier_cost.py [--verifier NAME_OR_DIR] [--dtype bf16|fp32] [--context 300] [--rows 1,2,4,8,16]
+    python examples/verifier_cost.py [--verifier NAME_OR_DIR] [--dtype bf16|fp32] [--attn sdpa|eager]
+        [--context 300,1500] [--rows 1,2,4,8,16]
 """
 
 import argparse
@@ -36,16 +37,20 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--verifier", default="smollm2-135m-instruct")
     parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
-    parser.add_argument("--context", type=int, default=300)
+    parser.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention implementation")
+    parser.add_argument("--context", default="300", help="comma-separated context lengths")
     parser.add_argument("--rows", default="1,2,4,8,16,32")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args(argv)
     with torch_threads(args.threads):
         model, _ = load_verifier(args.verifier, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
-        ms = forward_ms(model, args.context, [int(k) for k in args.rows.split(",")])
-    print(f"capability {torch.backends.cpu.get_cpu_capability()}, {args.dtype}, {args.context} tokens of context")
-    for k, value in ms.items():
-        print(f"k={k:3d}: {value:7.1f} ms  ({value / ms[min(ms)]:.2f}x)")
+        model.config._attn_implementation = args.attn
+        contexts = [int(c) for c in args.context.split(",")]
+        ms = {c: forward_ms(model, c, [int(k) for k in args.rows.split(",")]) for c in contexts}
+    print(f"capability {torch.backends.cpu.get_cpu_capability()}, {args.dtype}, {args.attn}")
+    for context, by_rows in ms.items():
+        print(f"after {context} tokens: " + ", ".join(
+            f"k={k} {value:.1f} ms ({value / by_rows[min(by_rows)]:.2f}x)" for k, value in by_rows.items()))
     return ms
 
 

@@ -116,9 +116,10 @@ def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, 
 
 
 def test_verifier_cost(models):
-    out = run("verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20",
-              "--rows", "1,4", "--threads", "1")
-    assert "k=  1:" in out and "k=  4:" in out and "(1.00x)" in out
+    out = run("verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20,40",
+              "--rows", "1,4", "--threads", "1", "--attn", "eager")
+    assert "eager" in out and "after 20 tokens: k=1" in out and "after 40 tokens: k=1" in out and "k=4" in out
+    assert out.count("(1.00x)") == 2
 
 
 def test_learning_curves(models, tmp_path):

@@ -41,6 +41,22 @@ def test_greedy_equals_plain(trained, arch, num_drafts, draft_length):
         assert plain[0, -1] == eos and out.tolist() == plain.tolist()
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_eager_attention_greedy_equals_plain_on_every_path(trained, arch):
+    """Eager attention (docs/tuning.md: faster than SDPA after long contexts on some CPUs) through K=1, the tree loop
+    with a lookup branch and the drop-in path, token for token with plain greedy."""
+    verifier, drafter = trained(arch)
+    verifier = copy.deepcopy(verifier)
+    verifier.set_attn_implementation("eager")
+    assert verifier.config._attn_implementation == "eager"
+    for prompt in PROMPTS[:2].split(1):
+        kwargs = dict(max_new_tokens=40, do_sample=False, eos_token_id=None)
+        plain = verifier.generate(prompt, **kwargs).tolist()
+        assert hf_specdiff.generate(verifier, drafter, prompt, num_drafts=1, **kwargs).tolist() == plain
+        assert hf_specdiff.generate(verifier, drafter, prompt, num_drafts=4, lookup_tokens=4, **kwargs).tolist() == plain
+        assert verifier.generate(prompt, assistant_model=drafter, **kwargs).tolist() == plain
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("num_drafts", [1, 8])
 def test_stop_strings_and_custom_generate_callable(trained, arch, num_drafts):
