@@ -518,11 +518,12 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
     if config.batch_size % accelerator.num_processes:
         raise ValueError(f"batch_size {config.batch_size} is the global batch: it must divide evenly over the "
                          f"{accelerator.num_processes} processes")
-    run = _load_run(config, accelerator, progress)
-    if run.start >= config.max_steps:  # finished: its drafter and recipe stay as they are
+    saved = _saved_state(config)
+    if saved is not None and saved["step"] >= config.max_steps:  # finished: its drafter and recipe stay as they are
         if progress and accelerator.is_main_process:
-            print(f"{run.out} is trained ({config.max_steps} steps)")
-        return run.out
+            print(f"{config.out} is trained ({config.max_steps} steps)")
+        return Path(config.out)
+    run = _load_run(config, accelerator, progress, saved)
     _prepare_optimization(run)
     show = progress and run.accelerator.is_main_process
     run.out.mkdir(parents=True, exist_ok=True)
@@ -553,8 +554,9 @@ def train(config: TrainConfig, progress: bool = True) -> Path:
     return run.out
 
 
-def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
-    """The data (checked against the verifier, split), and the drafter: resumed from a checkpoint, or built."""
+def _load_run(config: TrainConfig, accelerator, progress: bool, saved: dict | None) -> TrainingRun:
+    """The data (checked against the verifier, split), and the drafter: resumed from the checkpoint whose state is
+    `saved`, or built."""
     from .verifiers import load_verifier
 
     verifier, _ = load_verifier(config.verifier, dtype=torch.float32)
@@ -566,7 +568,7 @@ def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
         train_rows = [train_rows[i] for i in sorted(draw.tolist())]
     if not train_rows:
         raise ValueError("no training rows left after the held-out split: lower eval_fraction or add prompts")
-    drafter, start, checkpoint, before = _resume_or_build(config, verifier, train_rows)
+    drafter, start, checkpoint, before = _resume_or_build(config, verifier, train_rows, saved)
     run = TrainingRun(config, accelerator, sources, rows, train_rows, eval_rows, verifier, drafter, start=start,
                       checkpoint=checkpoint, wall_time_before=before)
     cached = config.feature_cache and config.kind == "diffusion" and drafter.config.is_conditioned
@@ -586,25 +588,33 @@ def _load_run(config: TrainConfig, accelerator, progress: bool) -> TrainingRun:
     return run
 
 
-def _resume_or_build(config: TrainConfig, verifier,
-                     train_rows: list[dict]) -> tuple[object, int, Path | None, float]:
-    """(drafter, start step, checkpoint, seconds its steps took): from the checkpoint in `config.out` if there is one
-    (of a run with the same settings), else a new drafter."""
-    from transformers import AutoModelForCausalLM
-
+def _saved_state(config: TrainConfig) -> dict | None:
+    """The state of the checkpoint in `config.out` (step, settings, wall time), None if there is none; an error if
+    it is a run with other settings."""
     checkpoint = latest_checkpoint(Path(config.out))
     if checkpoint is None:
-        return build_drafter(config, verifier, train_rows), 0, None, 0.0
+        return None
     saved = json.loads((checkpoint / "state.json").read_text())
     saved["config"] = {**asdict(replace(config, **_defaults())), **saved["config"]}  # fields added since: defaults
     if saved["config"] != asdict(config):
         changed = {k for k in saved["config"] if saved["config"][k] != asdict(config).get(k)}
         raise ValueError(f"{config.out} holds a checkpoint of a run with other settings ({sorted(changed)}): "
                          "use another --out, or the same settings to resume")
-    drafter = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
+    return {**saved, "checkpoint": checkpoint}
+
+
+def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict],
+                     saved: dict | None) -> tuple[object, int, Path | None, float]:
+    """(drafter, start step, checkpoint, seconds its steps took): from the checkpoint whose state is `saved`, else
+    a new drafter."""
+    from transformers import AutoModelForCausalLM
+
+    if saved is None:
+        return build_drafter(config, verifier, train_rows), 0, None, 0.0
+    drafter = AutoModelForCausalLM.from_pretrained(saved["checkpoint"], dtype=torch.float32)
     if config.kind == "diffusion":
         drafter.set_verifier(verifier)
-    return drafter, saved["step"], checkpoint, saved.get("wall_time_s", 0.0)
+    return drafter, saved["step"], saved["checkpoint"], saved.get("wall_time_s", 0.0)
 
 
 def _defaults() -> dict:
