@@ -23,12 +23,7 @@ python examples/held_out_acceptance.py "$FIRST" "$OUT" --out "docs/results/smoll
 
 # 4. the model card folder: the drafter in bf16 (it stores no embeddings or head: 23 MB), its recipe
 CARD=model_cards/specdiff-dflash-smollm2-135m-instruct
-python - "$OUT" "$CARD" <<'PY'
-import shutil, sys, torch
-from hf_specdiff.modeling_specdiff import SpecDiffDrafter
-SpecDiffDrafter.from_pretrained(sys.argv[1], dtype=torch.bfloat16).save_pretrained(sys.argv[2])
-shutil.copy(f"{sys.argv[1]}/training_recipe.json", sys.argv[2])
-PY
+hf-specdiff package "$OUT" "$CARD" --dtype bf16
 # 5. Spec-Bench beside the shipped drafter and prompt lookup, one process: bf16 (2 per category), then fp32
 #    (1 per category, with transformers' own DFlash loop, which verifies the whole block every round)
 BENCH="hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --max-new-tokens 128 --num-drafts 1,4

@@ -19,12 +19,7 @@ BEFORE=${BEFORE:-$RUN/drafters/shipped-v2}  # where the card's drafter is kept a
 if ! cmp -s "$WINNER/training_recipe.json" $CARD/training_recipe.json; then
     [ -f $BEFORE/model.safetensors ] || (mkdir -p $BEFORE && cp $CARD/*.json $CARD/*.py $CARD/model.safetensors $BEFORE/)
     rm -rf $CARD/bench*
-    python - "$WINNER" $CARD <<'PY'
-import shutil, sys, torch
-from hf_specdiff.modeling_specdiff import SpecDiffDrafter
-SpecDiffDrafter.from_pretrained(sys.argv[1], dtype=torch.bfloat16).save_pretrained(sys.argv[2])
-shutil.copy(f"{sys.argv[1]}/training_recipe.json", sys.argv[2])
-PY
+    hf-specdiff package "$WINNER" $CARD --dtype bf16
 fi
 python examples/compare_drafters.py $CARD $BEFORE --per-category 2 --max-new-tokens 128 --out $CARD/bench-ablations
 hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --per-category 10 --max-new-tokens 256 \

@@ -180,6 +180,12 @@ def cmd_export_custom_generate(args):
     print(export_custom_generate(args.out))
 
 
+def cmd_package(args):
+    from .hub import package_drafter
+
+    print(package_drafter(args.drafter, args.out, None if args.dtype == "same" else _dtype(args.dtype)))
+
+
 def cmd_export(args):
     from .export import export_drafter
     from .modeling_specdiff import SpecDiffDrafter
@@ -196,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-specdiff", description="Speculative decoding with diffusion drafters")
     sub = parser.add_subparsers(dest="command", required=True)
     for add_parser in (_setup_parser, _demo_parser, _distill_data_parser, _synth_prompts_parser, _train_parser,
-                       _eval_drafter_parser, _bench_parser, _card_parser, _push_parser, _export_parser,
-                       _export_custom_generate_parser):
+                       _eval_drafter_parser, _bench_parser, _package_parser, _card_parser, _push_parser,
+                       _export_parser, _export_custom_generate_parser):
         add_parser(sub)
     return parser
 
@@ -311,6 +317,16 @@ def _bench_parser(sub):
     p.add_argument("--out", default="results",
                    help="results folder; its records.jsonl keeps each finished prompt, and a rerun resumes from it")
     p.set_defaults(func=cmd_bench)
+
+
+def _package_parser(sub):
+    p = sub.add_parser("package", help="write a trained drafter as a Hub folder (weights in a dtype, remote code, "
+                                       "recipe), for `card` to render its model card into")
+    p.add_argument("drafter", help="the drafter's folder (hf-specdiff train --out)")
+    p.add_argument("out")
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32", "fp16", "same"],
+                   help="the weights' dtype (same: as saved; training saves fp32)")
+    p.set_defaults(func=cmd_package)
 
 
 def _card_parser(sub):

@@ -160,6 +160,24 @@ def _trajectories(data: dict) -> str:
     return f"{data['train_rows']} verifier trajectories drawn from {mix} (held-out rows included)"
 
 
+def package_drafter(drafter_dir, out, dtype=None) -> Path:
+    """Write the drafter saved in `drafter_dir` (a training run's folder) to folder `out` in `dtype` (a torch dtype;
+    None: as saved), with its remote code and training recipe: the Hub folder that `hf-specdiff card` then renders
+    a model card into. A card and benchmarks already in `out` stay."""
+    import shutil
+
+    from .modeling_specdiff import SpecDiffDrafter
+
+    if Path(drafter_dir).resolve() == Path(out).resolve():
+        raise ValueError(f"{out} is the drafter's own folder: package it into another one")
+    drafter = SpecDiffDrafter.from_pretrained(drafter_dir, **({"dtype": dtype} if dtype is not None else {}))
+    drafter.save_pretrained(out)
+    recipe = Path(drafter_dir) / "training_recipe.json"
+    if recipe.is_file():
+        shutil.copy(recipe, Path(out) / recipe.name)
+    return Path(out)
+
+
 def validate_model_folder(folder) -> list[str]:
     """What keeps a drafter folder from being Hub-ready (an empty list when it is)."""
     folder = Path(folder)

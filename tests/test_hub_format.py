@@ -118,3 +118,24 @@ def test_shipped_drafter_folder_carries_current_code_and_loads(name):
     assert validate_model_folder(folder) == []
     drafter = AutoModelForCausalLM.from_pretrained(folder)
     assert drafter.config.vocab_size == 49152 and drafter.config.eos_token_id == 2
+
+
+def test_package_writes_a_trained_drafter_as_a_hub_folder_in_bf16(tmp_path, capsys):
+    from safetensors.torch import load_file
+
+    from hf_specdiff.cli import main as cli
+
+    drafter = tiny_drafter(tiny_verifier("llama"))
+    drafter.save_pretrained(tmp_path / "run")
+    (tmp_path / "run" / "training_recipe.json").write_text('{"steps": 3}')
+    assert cli(["package", str(tmp_path / "run"), str(tmp_path / "card")]) == 0
+    saved, packaged = load_file(tmp_path / "run" / "model.safetensors"), load_file(tmp_path / "card" / "model.safetensors")
+    assert packaged.keys() == saved.keys()
+    assert all(packaged[k].dtype == torch.bfloat16 and torch.equal(packaged[k], saved[k].bfloat16()) for k in saved)
+    assert json.loads((tmp_path / "card" / "training_recipe.json").read_text()) == {"steps": 3}
+    assert all((tmp_path / "card" / f).is_file() for f in ("modeling_specdiff.py", "generation_specdiff.py"))
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "card").dtype == torch.bfloat16
+    assert cli(["package", str(tmp_path / "run"), str(tmp_path / "run")]) == 2
+    assert "is the drafter's own folder" in capsys.readouterr().err
+    assert cli(["package", str(tmp_path / "none"), str(tmp_path / "card2")]) == 2
+    assert "no drafter at" in capsys.readouterr().err
