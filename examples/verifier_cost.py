@@ -44,7 +44,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     with torch_threads(args.threads):
         model, _ = load_verifier(args.verifier, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
-        model.config._attn_implementation = args.attn
+        model.set_attn_implementation(args.attn)
         contexts = [int(c) for c in args.context.split(",")]
         ms = {c: forward_ms(model, c, [int(k) for k in args.rows.split(",")]) for c in contexts}
     print(f"capability {torch.backends.cpu.get_cpu_capability()}, {args.dtype}, {args.attn}")
