@@ -170,7 +170,7 @@ def package_drafter(drafter_dir, out, dtype=None) -> Path:
 
     if Path(drafter_dir).resolve() == Path(out).resolve():
         raise ValueError(f"{out} is the drafter's own folder: package it into another one")
-    drafter = SpecDiffDrafter.from_pretrained(drafter_dir, **({"dtype": dtype} if dtype is not None else {}))
+    drafter = SpecDiffDrafter.from_pretrained(drafter_dir, dtype=dtype or "auto")
     drafter.save_pretrained(out)
     recipe = Path(drafter_dir) / "training_recipe.json"
     if recipe.is_file():

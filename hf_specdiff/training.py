@@ -568,9 +568,11 @@ def _load_run(config: TrainConfig, accelerator, progress: bool, saved: dict | No
         train_rows = [train_rows[i] for i in sorted(draw.tolist())]
     if not train_rows:
         raise ValueError("no training rows left after the held-out split: lower eval_fraction or add prompts")
-    drafter, start, checkpoint, before = _resume_or_build(config, verifier, train_rows, saved)
-    run = TrainingRun(config, accelerator, sources, rows, train_rows, eval_rows, verifier, drafter, start=start,
-                      checkpoint=checkpoint, wall_time_before=before)
+    drafter = _resume_or_build(config, verifier, train_rows, saved)
+    run = TrainingRun(config, accelerator, sources, rows, train_rows, eval_rows, verifier, drafter)
+    if saved is not None:
+        run.start, run.checkpoint = saved["step"], saved["checkpoint"]
+        run.wall_time_before = saved.get("wall_time_s", 0.0)
     cached = config.feature_cache and config.kind == "diffusion" and drafter.config.is_conditioned
     top_k = config.kl_top_k if cached and config.kl_weight else 0
     if cached:
@@ -603,18 +605,16 @@ def _saved_state(config: TrainConfig) -> dict | None:
     return {**saved, "checkpoint": checkpoint}
 
 
-def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict],
-                     saved: dict | None) -> tuple[object, int, Path | None, float]:
-    """(drafter, start step, checkpoint, seconds its steps took): from the checkpoint whose state is `saved`, else
-    a new drafter."""
+def _resume_or_build(config: TrainConfig, verifier, train_rows: list[dict], saved: dict | None):
+    """The drafter to train: from the checkpoint whose state is `saved`, else a new one."""
     from transformers import AutoModelForCausalLM
 
     if saved is None:
-        return build_drafter(config, verifier, train_rows), 0, None, 0.0
+        return build_drafter(config, verifier, train_rows)
     drafter = AutoModelForCausalLM.from_pretrained(saved["checkpoint"], dtype=torch.float32)
     if config.kind == "diffusion":
         drafter.set_verifier(verifier)
-    return drafter, saved["step"], saved["checkpoint"], saved.get("wall_time_s", 0.0)
+    return drafter
 
 
 def _defaults() -> dict:
