@@ -313,6 +313,26 @@ def test_training_on_several_data_folders(workspace, tmp_path):
     assert json.loads((fewer / "training_recipe.json").read_text())["data"]["train_rows"] == 30
 
 
+def test_a_bf16_run_computes_its_feature_cache_with_a_bf16_copy_of_the_verifier(workspace, tmp_path, monkeypatch):
+    """Missing cached features come from the verifier in the run's precision (bf16: about twice as fast on a CPU
+    with bf16 matmuls, and what the drafter reads at drafting time); an fp32 run's from the fp32 verifier."""
+    import shutil
+
+    from hf_specdiff import training
+
+    root, _, _ = workspace
+    shutil.copytree(root / "data", tmp_path / "data")
+    seen, attach = [], training.attach_features
+    monkeypatch.setattr(training, "attach_features", lambda folder, verifier, *a, **k:
+                        seen.append(next(verifier.parameters()).dtype) or attach(folder, verifier, *a, **k))
+    config = base_config(root, "bf16-features", data=str(tmp_path / "data"), verifier_layers="auto",
+                         feature_cache=True, precision="bf16", max_steps=1, eval_every=1)
+    train(config, progress=False)
+    assert seen == [torch.bfloat16]
+    train(replace(config, precision="fp32", out=str(root / "fp32-features")), progress=False)
+    assert seen == [torch.bfloat16, torch.float32]
+
+
 def test_kl_from_the_cached_top_k_needs_no_verifier_forward(workspace, tmp_path, monkeypatch):
     """With the feature cache, the KL term reads the verifier's top-k cached beside the features: training runs no
     teacher forward, and the term is in the loss."""
