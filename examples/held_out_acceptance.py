@@ -2,10 +2,11 @@
 acceptance at draft positions 1-4, the greedy and expected streaks, with standard errors (a paired comparison:
 every drafter sees the same windows).
 
-    python examples/held_out_acceptance.py RUN_DIR [RUN_DIR ...] --out FILE.json [--windows 512]
+    python examples/held_out_acceptance.py RUN_DIR [RUN_DIR ...] --out FILE.json [--windows 512] [--data FOLDERS]
 
 Each RUN_DIR is an `hf-specdiff train --out` folder trained on the same data with the same held-out split (its
-training_recipe.json says which). A conditioned drafter reads the verifier's features, cached in the data folder
+training_recipe.json says which); `--data` evaluates them all on the held-out rows of other data folders instead
+(the split is by prompt index, so a run trained on more folders still held out those rows). A conditioned drafter reads the verifier's features, cached in the data folder
 (`--feature-cache true`) or computed here.
 """
 
@@ -48,12 +49,15 @@ def main(argv=None):
     parser.add_argument("--out", required=True)
     parser.add_argument("--windows", type=int, default=512)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--data", help="data folders (comma-separated) whose held-out rows to use")
     args = parser.parse_args(argv)
     recipes = [json.loads((Path(run) / "training_recipe.json").read_text())["config"] for run in args.runs]
     first = recipes[0]
-    if any((r["data"], r["eval_fraction"], r["seq_len"]) != (first["data"], first["eval_fraction"], first["seq_len"])
-           for r in recipes):
-        raise SystemExit("the runs must share data, eval_fraction and seq_len: their held-out rows differ otherwise")
+    if args.data:
+        first = {**first, "data": args.data}
+    shared = ("eval_fraction", "seq_len") if args.data else ("data", "eval_fraction", "seq_len")
+    if any(tuple(r[k] for k in shared) != tuple(first[k] for k in shared) for r in recipes):
+        raise SystemExit(f"the runs must share {', '.join(shared)}: their held-out rows differ otherwise")
     verifier, _ = load_verifier(first["verifier"], dtype=torch.float32)
     sources = load_training_data(first["data"], verifier, first["verifier"])
     rows = [row for source in sources for row in source.rows]
