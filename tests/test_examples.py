@@ -158,3 +158,8 @@ def test_held_out_acceptance(models, tmp_path):
     p, n = runs["drafter"]["acceptance_by_position"][0], runs["drafter"]["blocks"]
     assert len(runs["drafter"]["acceptance_by_position"]) == 4 and n > 0
     assert runs["drafter"]["position_1_standard_error"] == round((p * (1 - p) / n) ** 0.5, 4)
+    data = json.loads((tmp_path / "run" / "drafter" / "training_recipe.json").read_text())["config"]["data"]
+    run("held_out_acceptance.py", str(tmp_path / "run" / "drafter"), "--data", f"{data},", "--out", str(out),
+        "--windows", "64", "--threads", "1")  # another spelling of the same folder: the same held-out rows
+    assert json.loads(out.read_text())["data"] == f"{data}," and json.loads(out.read_text())["runs"]["drafter"] == \
+        runs["drafter"]
