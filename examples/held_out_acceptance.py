@@ -6,8 +6,8 @@ every drafter sees the same windows).
 
 Each RUN_DIR is an `hf-specdiff train --out` folder trained on the same data with the same held-out split (its
 training_recipe.json says which); `--data` evaluates them all on the held-out rows of other data folders instead
-(the split is by prompt index, so a run trained on more folders still held out those rows). A conditioned drafter reads the verifier's features, cached in the data folder
-(`--feature-cache true`) or computed here.
+(the split is by prompt index, so a run trained on more folders still held out those rows). A conditioned drafter
+reads the verifier's features, cached in the data folder (`--feature-cache true`) or computed here.
 """
 
 import argparse

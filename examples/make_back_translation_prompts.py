@@ -4,7 +4,8 @@ The builder's translation prompts go from English into other languages; users (a
 category) ask the other way. Sources in other languages that can be had offline are few, so the verifier writes
 them: `forward` asks it to translate English sentences (GSM8K questions' and the verifier's own Magpie requests'
 sentences) into German (most), French, Spanish, Italian or Portuguese; `reverse` keeps its translations that are
-not degenerate (no word run repeated, 4-60 words, at most half of them the English sentence's) and asks for them in English.
+not degenerate (no word run repeated, 4-60 words, at most half of them the English sentence's) and asks for them
+in English.
 
     python examples/make_back_translation_prompts.py forward --out runs/smollm2_v3/translate_forward.jsonl
     hf-specdiff distill-data --verifier smollm2-135m-instruct --prompts runs/smollm2_v3/translate_forward.jsonl \

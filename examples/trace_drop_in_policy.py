@@ -14,7 +14,7 @@ from collections import defaultdict
 import torch
 
 from hf_specdiff import generation_specdiff
-from hf_specdiff.bench import read_spec_bench
+from hf_specdiff.bench import _assisted_generate, read_spec_bench
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.shipped import shipped_drafter_path
 from hf_specdiff.verifiers import load_verifier
@@ -51,11 +51,12 @@ def summary(log: list, category: str) -> dict:
             seconds[f"context {bucket}, g={min(r['g'], 3)}"].append(r["seconds"])
     drafted = [r for r in log if r["kind"] == "round" and r["category"] == category and r["g"]]
     decisions = [r for r in log if r["kind"] == "decision" and r["category"] == category]
+    accepted = sum(r["accepted"] > 0 for r in drafted)
     return {"round_ms": {k: round(1000 * sum(v) / len(v), 1) for k, v in sorted(seconds.items())},
             "rounds_by_key": {k: len(v) for k, v in sorted(seconds.items())},
             f"{category}_drafting_rounds": len(drafted),
-            f"{category}_position_1_acceptance": round(sum(r["accepted"] > 0 for r in drafted) / max(len(drafted), 1), 3),
-            f"{category}_estimated_position_1": [round(decisions[0]["rates"][0], 3), round(decisions[-1]["rates"][0], 3)],
+            f"{category}_position_1_acceptance": round(accepted / max(len(drafted), 1), 3),
+            f"{category}_estimated_position_1": [round(d["rates"][0], 3) for d in (decisions[0], decisions[-1])],
             f"{category}_predicted_cost_ratio_g1_g0": round(decisions[-1]["costs"][1] / decisions[-1]["costs"][0], 3)}
 
 
@@ -79,16 +80,10 @@ def main(argv=None):
         inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt["prompt"]}],
                                                add_generation_prompt=True, return_tensors="pt", return_dict=True)
         timed = {}
-        for method in ["plain", "drop-in"] if prompt["category"] == args.until else ["drop-in"]:
+        methods = {"plain": {}, "drop-in": dict(assistant_model=drafter, attach=True)}
+        for method in methods if prompt["category"] == args.until else ["drop-in"]:
             start = time.perf_counter()
-            with torch.no_grad():
-                if method == "plain":
-                    out = verifier.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False)
-                else:
-                    drafter.attach(verifier)
-                    out = verifier.generate(**inputs, max_new_tokens=args.max_new_tokens, do_sample=False,
-                                            assistant_model=drafter)
-                    drafter.detach()
+            out = _assisted_generate(verifier, inputs, args.max_new_tokens, dict(methods[method]))
             timed[method] = {"seconds": round(time.perf_counter() - start, 2),
                              "tokens": out.shape[1] - inputs["input_ids"].shape[1]}
         outputs.append({"category": prompt["category"], **timed})
