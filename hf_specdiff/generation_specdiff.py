@@ -32,8 +32,8 @@ class SpecDiffCache:
 
     `get_seq_length()` and `crop(-n)` are what `AssistedCandidateGenerator` calls between rounds. The cache also
     keeps the token ids it encoded, so a round re-encodes only from the first token that differs. When the
-    context outgrows the drafter's position limit, the cache restarts from a recent window (`offset` is the
-    absolute index of its first token).
+    context outgrows the drafter's window (`SpecDiffConfig.drafting_window`), the cache restarts from a recent
+    window (`offset` is the absolute index of its first token).
     """
 
     def __init__(self):
@@ -470,7 +470,7 @@ def _standalone_forward(drafter, input_ids, cache, num_tokens, block_len):
     first `num_tokens`: the first step also encodes the uncached prefix tokens."""
     config = drafter.config
     device = input_ids.device
-    new_ids = cache.sync(input_ids[0], config.max_position_embeddings - block_len, block_len)
+    new_ids = cache.sync(input_ids[0], config.drafting_window - block_len, block_len)
     start = cache.get_seq_length() - cache.offset  # position of the first block token, relative to the window
     block_positions = torch.arange(start, start + block_len, device=device)
 
@@ -503,7 +503,7 @@ def _conditioned_forward(drafter, input_ids, cache, num_tokens, block_len):
     store = cache.verifier_features
     length = input_ids.shape[1]
     read = min(store.usable_length(input_ids[0]), length - 1)
-    new_ids = cache.sync(input_ids[0, :read], config.max_position_embeddings - block_len - 1, block_len)
+    new_ids = cache.sync(input_ids[0, :read], config.drafting_window - block_len - 1, block_len)
     num_new = new_ids.shape[0]
     width = len(config.verifier_layer_ids) * config.verifier_hidden_size
     features = store.features[read - num_new : read] if num_new else torch.zeros(0, width)

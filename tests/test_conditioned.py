@@ -56,6 +56,28 @@ def test_greedy_equals_plain_through_every_entry_point(trained, arch):
             drafter.detach()
 
 
+def test_a_context_window_restarts_the_drafter_and_stays_lossless(trained, monkeypatch):
+    """A conditioned drafter whose context_window is shorter than the context restarts its cache from the recent
+    tokens (reading their features again) on every path, and the output is still plain greedy's."""
+    verifier, drafter = trained("llama")
+    restarts = []
+    reset = hf_specdiff.SpecDiffCache.reset
+    monkeypatch.setattr(hf_specdiff.SpecDiffCache, "reset",
+                        lambda cache, offset=0: (restarts.append(offset), reset(cache, offset))[1])
+    monkeypatch.setattr(drafter.config, "context_window", 20)
+    prompt = PROMPTS[:1]
+    expected = plain(verifier, prompt).tolist()
+    for options in (dict(num_drafts=1), dict(num_drafts=4, lookup_tokens=4)):
+        out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=30, do_sample=False, eos_token_id=None,
+                                   draft_length=4, max_tree_nodes=12, **options)
+        assert out.tolist() == expected
+    try:
+        assert plain(verifier, prompt, assistant_model=drafter.attach(verifier)).tolist() == expected
+    finally:
+        drafter.detach()
+    assert sum(offset > 0 for offset in restarts) >= 3, restarts
+
+
 def test_eos_stops_where_plain_decoding_stops(trained):
     verifier, drafter = trained("llama")
     prompt = PROMPTS[:1]

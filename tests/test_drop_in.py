@@ -142,6 +142,24 @@ def test_long_context_drafts_from_recent_window():
     assert assisted.tolist() == plain.tolist()
 
 
+def test_a_drafter_reads_only_its_context_window():
+    """With context_window set, tokens before the window do not change the draft; without it they do."""
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=4, context_window=24)
+    prompt = torch.randint(3, 96, (1, 40), generator=torch.Generator().manual_seed(0))
+    other = prompt.clone()
+    other[0, :8] = torch.randint(3, 96, (8,), generator=torch.Generator().manual_seed(1))
+
+    def draft_scores(ids):
+        return drafter.draft(ids, drafter.new_cache(), 4)[1]
+
+    assert torch.equal(draft_scores(prompt), draft_scores(other))
+    drafter.config.context_window = None  # the whole context, up to max_position_embeddings
+    assert not torch.allclose(draft_scores(prompt), draft_scores(other))
+    with pytest.raises(ValueError, match="context_window"):
+        tiny_drafter(verifier, block_size=4, context_window=5)
+
+
 PROCESSORS = dict(eos_token_id=None, repetition_penalty=1.5, no_repeat_ngram_size=2, suppress_tokens=[4])
 
 

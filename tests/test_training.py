@@ -134,6 +134,7 @@ def test_training_goes_on_from_a_drafter_folder(workspace):
     drafter whose sizes differ from the run's settings."""
     root, _, _ = workspace
     first = train(base_config(root, "first", max_steps=5, draft_vocab_size=32), progress=False)
+    assert SpecDiffDrafter.from_pretrained(first).config.context_window == 48 + 8 + 1  # the window it trained on
     again = train(base_config(root, "again", max_steps=2, draft_vocab_size=32, init=str(first), lr=0.0),
                   progress=False)
     a, b = load_file(first / "model.safetensors"), load_file(again / "model.safetensors")

@@ -22,8 +22,12 @@ class SpecDiffConfig(PreTrainedConfig):
             The drafter's embedding has one more row, the mask token.
         hidden_size, intermediate_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim:
             Transformer body sizes (Llama-style: RMSNorm, RoPE, SwiGLU, grouped-query attention).
-        max_position_embeddings (`int`): Longest window (prefix + block) the drafter attends to. Longer
-            contexts are drafted from their most recent tokens.
+        max_position_embeddings (`int`): Longest window (prefix + block) the drafter may attend to (what an export
+            declares). Longer contexts are drafted from their most recent tokens.
+        context_window (`int`, *optional*): The window (prefix + block) the drafter attends to when drafting: the one
+            it was trained on (the trainer writes `seq_len + block_size + 1`), since a drafter trained on short
+            windows drafts worse from far positions. Longer contexts restart from their most recent tokens. `None`:
+            `max_position_embeddings`.
         block_size (`int`): The longest draft the drafter proposes in one round (the draft block).
         num_denoising_steps (`int`): Forward passes per draft (T). 1 drafts the whole block at once.
         unmasking_schedule (`str`): `"left_to_right"` unmasks contiguous chunks from left to right, one chunk per
@@ -76,6 +80,7 @@ class SpecDiffConfig(PreTrainedConfig):
         rms_norm_eps: float = 1e-6,
         rope_theta: float = 10000.0,
         max_position_embeddings: int = 2048,
+        context_window: int | None = None,
         initializer_range: float = 0.02,
         block_size: int = 16,
         num_denoising_steps: int = 1,
@@ -100,7 +105,7 @@ class SpecDiffConfig(PreTrainedConfig):
         if unmasking_schedule not in UNMASKING_SCHEDULES:
             raise ValueError(f"unmasking_schedule must be one of {UNMASKING_SCHEDULES}, got {unmasking_schedule!r}")
         _check_sizes(hidden_size, num_attention_heads, head_dim, block_size, num_denoising_steps,
-                     max_position_embeddings)
+                     max_position_embeddings, context_window)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -111,6 +116,7 @@ class SpecDiffConfig(PreTrainedConfig):
         self.rms_norm_eps = rms_norm_eps
         self.rope_theta = rope_theta
         self.max_position_embeddings = max_position_embeddings
+        self.context_window = context_window
         self.initializer_range = initializer_range
         self.block_size = block_size
         self.num_denoising_steps = num_denoising_steps
@@ -142,6 +148,12 @@ class SpecDiffConfig(PreTrainedConfig):
         return self.verifier_layer_ids is not None
 
     @property
+    def drafting_window(self) -> int:
+        """The window (prefix + block) the drafter attends to when drafting: `context_window`, or
+        `max_position_embeddings` when unset."""
+        return self.context_window or self.max_position_embeddings
+
+    @property
     def max_draft_tokens(self) -> int:
         """The longest draft: `block_size`, less the anchor token the dflash layout counts in its block (as
         transformers' DFlash loop does)."""
@@ -163,7 +175,8 @@ class SpecDiffConfig(PreTrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
 
-def _check_sizes(hidden_size, num_attention_heads, head_dim, block_size, num_denoising_steps, max_position_embeddings):
+def _check_sizes(hidden_size, num_attention_heads, head_dim, block_size, num_denoising_steps, max_position_embeddings,
+                 context_window):
     if block_size < 1 or num_denoising_steps < 1:
         raise ValueError("block_size and num_denoising_steps must be >= 1")
     if hidden_size % num_attention_heads and head_dim is None:
@@ -171,6 +184,9 @@ def _check_sizes(hidden_size, num_attention_heads, head_dim, block_size, num_den
     if block_size >= max_position_embeddings:
         raise ValueError(f"block_size ({block_size}) must be smaller than max_position_embeddings "
                          f"({max_position_embeddings})")
+    if context_window is not None and not block_size + 1 < context_window <= max_position_embeddings:
+        raise ValueError(f"context_window ({context_window}) must be larger than block_size + 1 ({block_size + 1}) "
+                         f"and at most max_position_embeddings ({max_position_embeddings})")
 
 
 def _draft_token_ids(draft_token_ids, vocab_size: int) -> list[int] | None:
