@@ -2,7 +2,8 @@
 one drafter of each kind): CANDIDATE at every path (drop-in, K=1, K=4, K=4 + lookup) and BASELINE on our own loop
 (K=1, K=4 + lookup; its methods are labelled "baseline"), next to plain and prompt lookup. Resumable (records.jsonl).
 
-    python examples/compare_drafters.py CANDIDATE BASELINE --out DIR [--per-category 2] [--max-new-tokens 128]
+    python examples/compare_drafters.py CANDIDATE BASELINE --out DIR [--per-category 2] [--max-new-tokens 128] \
+        [--method "baseline (K=4) + lookup" --method ...]    # only these (and plain); default: every method
 """
 
 import argparse
@@ -25,16 +26,23 @@ def main():
     parser.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--method", action="append", help="run only this method (repeatable; plain always runs)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    only = ["prompt lookup", "SpecDiff-2 conditioned drop-in", "SpecDiff-2 conditioned (K=1)",
+            "SpecDiff-2 conditioned (K=4)", "SpecDiff-2 conditioned (K=4) + lookup", *RENAME]
+    if args.method:
+        original = {RENAME.get(name, name): name for name in only}
+        unknown = sorted(set(args.method) - set(original))
+        if unknown:
+            parser.error(f"unknown method(s) {unknown}; choose from {sorted(original)}")
+        only = [original[name] for name in args.method]
     prompts = read_spec_bench(args.prompts, args.per_category)
     verifier, tokenizer = load_verifier("smollm2-135m-instruct", dtype=torch.bfloat16)
     candidate, baseline = (AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, trust_remote_code=True)
                            .eval() for path in (args.candidate, args.baseline))
     if candidate.config.is_conditioned is not True or getattr(candidate.config, "layout", None) == "dflash":
         raise ValueError("the candidate must be a conditioned drafter of the specdiff layout")
-    only = ["prompt lookup", "SpecDiff-2 conditioned drop-in", "SpecDiff-2 conditioned (K=1)",
-            "SpecDiff-2 conditioned (K=4)", "SpecDiff-2 conditioned (K=4) + lookup", *RENAME]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     summary = benchmark(verifier, tokenizer, prompts, drafter=baseline, conditioned_drafter=candidate,

@@ -1,0 +1,123 @@
+"""What the K=4 + lookup tree does, round by round, for one or more drafters on the same Spec-Bench prompts: which
+branch (drafter or prompt lookup) the accepted path followed, and how well each node's score (the probability of
+acceptance the tree ranks nodes by) predicts its acceptance, by branch and depth. `--fp32` makes every drafter's
+text plain greedy's, so their tau compare on the same text (in bf16 the texts diverge between runs).
+
+    python examples/trace_tree_rounds.py DRAFTER [DRAFTER ...] --out trace.json [--fp32] [--per-category 2]
+"""
+
+import argparse
+import json
+import math
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM
+
+import hf_specdiff
+from hf_specdiff import decoding
+from hf_specdiff.bench import read_spec_bench
+from hf_specdiff.verifiers import load_verifier
+
+
+class RoundRecorder:
+    """Wraps `TreeDecoding._prune` (to see every candidate node and its score) and `learn` (to see what was
+    accepted); `nodes` collects (drafter, category, branch, depth, conditional score, accepted) of reached nodes."""
+
+    def __init__(self):
+        self.nodes, self.context = [], {}
+        self.prune, self.learn = decoding.TreeDecoding._prune, decoding.TreeDecoding.learn
+        recorder = self
+
+        def prune(tree_decoding, lookup, draft_scores):
+            rows = [lookup]
+            scores = [tree_decoding.lookup_acceptance.rates()[:len(lookup)].log().cumsum(0).tolist()]
+            if draft_scores is not None:
+                log_q = draft_scores.float().log_softmax(-1)
+                drafts = decoding.top_k_drafts(log_q, tree_decoding.num_drafts)
+                rows += drafts.tolist()
+                scores += log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()
+            recorder.candidates = list(zip(["lookup"] + ["drafter"] * (len(rows) - 1), rows, scores))
+            return recorder.prune(tree_decoding, lookup, draft_scores)
+
+        def learn(tree_decoding, round_, path):
+            recorder.record([int(round_.tree.tokens[n]) for n in path])
+            return recorder.learn(tree_decoding, round_, path)
+
+        decoding.TreeDecoding._prune, decoding.TreeDecoding.learn = prune, learn
+
+    def record(self, accepted: list[int]):
+        seen = set()
+        for branch, row, scores in self.candidates:
+            for depth in range(1, len(row) + 1):
+                if (branch, tuple(row[:depth])) in seen or accepted[:depth - 1] != row[:depth - 1]:
+                    continue  # counted already, or not reached (its parent was rejected)
+                seen.add((branch, tuple(row[:depth])))
+                score = math.exp(scores[depth - 1] - (scores[depth - 2] if depth > 1 else 0.0))
+                self.nodes.append({**self.context, "branch": branch, "depth": depth, "score": score,
+                                   "accepted": accepted[:depth] == row[:depth]})
+
+
+def calibration(nodes: list[dict]) -> dict:
+    """Per branch and depth (1-3), per score fifth: nodes, mean score, acceptance rate."""
+    table = defaultdict(lambda: [0, 0.0, 0])
+    for node in nodes:
+        if node["depth"] <= 3:
+            key = f"{node['branch']} depth {node['depth']} score {min(int(node['score'] * 5), 4) / 5:.1f}+"
+            table[key][0] += 1
+            table[key][1] += node["score"]
+            table[key][2] += node["accepted"]
+    return {key: {"nodes": n, "mean_score": s / n, "accepted": a / n} for key, (n, s, a) in sorted(table.items())}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("drafters", nargs="+")
+    parser.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--fp32", action="store_true")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    dtype = torch.float32 if args.fp32 else torch.bfloat16
+    verifier, tokenizer = load_verifier("smollm2-135m-instruct", dtype=dtype)
+    drafters = {path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype, trust_remote_code=True).eval()
+                for path in args.drafters}
+    recorder = RoundRecorder()
+    runs = []
+    for index, item in enumerate(read_spec_bench(args.prompts, args.per_category)):
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": item["prompt"]}],
+                                               add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        for path, drafter in drafters.items():
+            recorder.context = {"drafter": path, "category": item["category"]}
+            stats = hf_specdiff.SpecDiffStats()
+            start = time.perf_counter()
+            out = hf_specdiff.generate(verifier, drafter, **inputs, num_drafts=4, lookup_tokens=10, do_sample=False,
+                                       max_new_tokens=args.max_new_tokens, stats=stats)
+            runs.append({"drafter": path, "prompt": index, "category": item["category"], "tau": stats.tau,
+                         "seconds": time.perf_counter() - start, "tokens": stats.new_tokens,
+                         "output": out[0, inputs["input_ids"].shape[1]:].tolist()})
+            print(index, item["category"], path, f"tau {stats.tau:.2f}", flush=True)
+    summary = {}
+    for path in args.drafters:
+        mine = [r for r in runs if r["drafter"] == path]
+        nodes = [n for n in recorder.nodes if n["drafter"] == path]
+        first = defaultdict(list)
+        for node in nodes:
+            if node["branch"] == "drafter" and node["depth"] == 1:
+                first[node["category"]].append(node["accepted"])
+        summary[path] = {
+            "tau": sum(r["tokens"] for r in mine) / sum(r["tokens"] / r["tau"] for r in mine),
+            "drafter_first_token_nodes_accepted": {c: sum(v) / len(v) for c, v in first.items()},
+            "calibration": calibration(nodes)}
+    same_text = all(len({tuple(r["output"]) for r in runs if r["prompt"] == i}) == 1 for i in {r["prompt"] for r in runs})
+    Path(args.out).write_text(json.dumps({"settings": vars(args), "same_text_for_every_drafter": same_text,
+                                          "summary": summary, "runs": runs}, indent=1))
+    print(json.dumps({p: s["tau"] for p, s in summary.items()}, indent=1), "same text:", same_text)
+
+
+if __name__ == "__main__":
+    main()
