@@ -37,7 +37,7 @@ def main():
     categories = args.categories.split(",")
     prompts = [p for p in read_spec_bench(args.prompts, args.per_category) if p["category"] in categories]
     records = []
-    for item in prompts:
+    for index, item in enumerate(prompts):
         inputs = tokenizer.apply_chat_template([{"role": "user", "content": item["prompt"]}],
                                                add_generation_prompt=True, return_tensors="pt", return_dict=True)
         for window in map(int, args.windows.split(",")):
@@ -45,8 +45,9 @@ def main():
             stats = hf_specdiff.SpecDiffStats()
             out = hf_specdiff.generate(verifier, drafter, **inputs, do_sample=False, draft_length=args.draft_length,
                                        max_new_tokens=args.max_new_tokens, stats=stats)
-            records.append({"category": item["category"], "prompt_tokens": inputs["input_ids"].shape[1],
-                            "window": window, "tau": stats.tau, "acceptance": stats.acceptance_by_position[:4],
+            records.append({"prompt": index, "category": item["category"],
+                            "prompt_tokens": inputs["input_ids"].shape[1], "window": window, "tau": stats.tau,
+                            "acceptance": stats.acceptance_by_position[:4],
                             "output": out[0, inputs["input_ids"].shape[1]:].tolist()})
             print(item["category"], records[-1]["prompt_tokens"], window,
                   f"tau {stats.tau:.2f}, acceptance {[round(a, 2) for a in records[-1]['acceptance']]}", flush=True)
@@ -55,8 +56,7 @@ def main():
         mine = [r for r in records if r["window"] == window]
         by_window[window] = {"tau": sum(r["tau"] for r in mine) / len(mine),
                              "first_token_acceptance": sum(r["acceptance"][0] for r in mine) / len(mine)}
-    same_text = all(len({tuple(r["output"]) for r in records if r["prompt_tokens"] == n}) == 1
-                    for n in {r["prompt_tokens"] for r in records})
+    same_text = all(len({tuple(r["output"]) for r in records if r["prompt"] == i}) == 1 for i in range(len(prompts)))
     Path(args.out).write_text(json.dumps({"settings": vars(args), "dtype": "fp32", "same_text_every_window": same_text,
                                           "mean_by_window": by_window, "records": records}, indent=1))
     print(json.dumps(by_window, indent=1), "same text in every window:", same_text)

@@ -113,7 +113,8 @@ def main():
             "tau": sum(r["tokens"] for r in mine) / sum(r["tokens"] / r["tau"] for r in mine),
             "drafter_first_token_nodes_accepted": {c: sum(v) / len(v) for c, v in first.items()},
             "calibration": calibration(nodes)}
-    same_text = all(len({tuple(r["output"]) for r in runs if r["prompt"] == i}) == 1 for i in {r["prompt"] for r in runs})
+    same_text = all(len({tuple(r["output"]) for r in runs if r["prompt"] == i}) == 1
+                    for i in {r["prompt"] for r in runs})
     Path(args.out).write_text(json.dumps({"settings": vars(args), "same_text_for_every_drafter": same_text,
                                           "summary": summary, "runs": runs}, indent=1))
     print(json.dumps({p: s["tau"] for p, s in summary.items()}, indent=1), "same text:", same_text)
