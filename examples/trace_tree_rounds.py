@@ -32,13 +32,7 @@ class RoundRecorder:
         recorder = self
 
         def prune(tree_decoding, lookup, draft_scores):
-            rows = [lookup]
-            scores = [tree_decoding.lookup_acceptance.rates()[:len(lookup)].log().cumsum(0).tolist()]
-            if draft_scores is not None:
-                log_q = draft_scores.float().log_softmax(-1)
-                drafts = decoding.top_k_drafts(log_q, tree_decoding.num_drafts)
-                rows += drafts.tolist()
-                scores += log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()
+            rows, scores = tree_decoding.candidates(lookup, draft_scores)
             recorder.candidates = list(zip(["lookup"] + ["drafter"] * (len(rows) - 1), rows, scores))
             return recorder.prune(tree_decoding, lookup, draft_scores)
 

@@ -185,10 +185,10 @@ def build_drafter(config: TrainConfig, verifier, rows: list[dict]):
     eos = verifier.generation_config.eos_token_id
     eos = eos if isinstance(eos, list) else [eos] if eos is not None else []
     draft_ids = frequent_tokens(rows, config.draft_vocab_size, eos) if config.draft_vocab_size else None
+    window = config.seq_len + config.block_size + 1  # the positions a training window covers
     drafter_config = drafter_config_for(
         verifier, num_hidden_layers=config.num_hidden_layers, num_denoising_steps=config.num_denoising_steps,
-        draft_token_ids=draft_ids, max_position_embeddings=max(2048, config.seq_len + config.block_size + 1),
-        context_window=config.seq_len + config.block_size + 1,
+        draft_token_ids=draft_ids, max_position_embeddings=max(2048, window), context_window=window,
         verifier_name_or_path=config.verifier, conditioned=bool(config.verifier_layers),
         **({"verifier_layer_ids": [int(i) for i in config.verifier_layers.split(",")]}
            if config.verifier_layers not in ("", "auto") else {}),

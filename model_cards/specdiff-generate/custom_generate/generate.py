@@ -499,6 +499,14 @@ class TreeDecoding:
 
     def _prune(self, lookup: list[int], draft_scores: torch.Tensor | None) -> tuple[list[int], list[list[int]]]:
         """Greedy: the K likeliest drafts under the marginals and the lookup draft, cut to the best tree nodes."""
+        rows, path_scores = self.candidates(lookup, draft_scores)
+        rows = prune_drafts(rows, path_scores, self.max_tree_nodes or DEFAULT_MAX_TREE_NODES,
+                            costs=None if self.max_tree_nodes else self.drafter.tree_round_costs)
+        return rows[0], rows[1:]
+
+    def candidates(self, lookup: list[int], draft_scores: torch.Tensor | None) -> tuple[list[list[int]], list]:
+        """The candidate rows (the lookup draft first, then the K likeliest drafts under the marginals) and, for
+        each, the log-probability that each of its prefixes is accepted (the lookup draft's measured rates)."""
         rows = [lookup]
         path_scores = [self.lookup_acceptance.rates()[:len(lookup)].log().cumsum(0).tolist()]
         if draft_scores is not None:
@@ -506,9 +514,7 @@ class TreeDecoding:
             drafts = top_k_drafts(log_q, self.num_drafts)
             rows += drafts.tolist()
             path_scores += log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()
-        rows = prune_drafts(rows, path_scores, self.max_tree_nodes or DEFAULT_MAX_TREE_NODES,
-                            costs=None if self.max_tree_nodes else self.drafter.tree_round_costs)
-        return rows[0], rows[1:]
+        return rows, path_scores
 
     def verify(self, round_: TreeRound, cache):
         """One verifier forward over the committed tokens and every tree node (tree attention, a position per node)."""
