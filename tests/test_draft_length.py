@@ -75,6 +75,26 @@ def test_a_drafting_policy_measures_plain_steps_and_skips_once_they_show_draftin
     assert min(accepted[-100:]) == 0 and plain_steps <= 2 and min(g for g in accepted[-100:] if g) >= 3, accepted
 
 
+def test_a_prompt_the_drafter_cannot_draft_for_stops_it_within_the_generation():
+    """After prompts where drafting paid (60% acceptance), a prompt where nothing is accepted: earlier prompts count
+    as a few rounds only, so the policy skips within the generation instead of drafting to its end."""
+    policy, generator = DraftLengthPolicy(16), torch.Generator().manual_seed(0)
+
+    def generation(rate, rounds):
+        policy.new_generation()
+        lengths = []
+        for _ in range(rounds):
+            g = policy.next_length(allow_skip=True)
+            accepted = int((torch.rand(g, generator=generator) < rate).long().cumprod(0).sum())
+            policy.update(g, accepted, 1.0 if g == 0 else 1.15 + 0.01 * g)
+            lengths.append(g)
+        return lengths
+
+    for _ in range(5):
+        assert generation(0.6, 100)[-50:].count(0) <= 2
+    assert generation(0.0, 150)[-50:].count(0) >= 45
+
+
 def test_probes_grow_rarer_while_drafting_does_not_pay_and_start_again_each_generation():
     policy = DraftLengthPolicy(16)
     for length, seconds in ((0, 1.0), (1, 3.0), (2, 5.0)):  # each drafted token costs two plain steps

@@ -230,10 +230,12 @@ class AcceptanceRates:
         self.reached[:reached] += 1
         self.accepted[:num_accepted] += 1
 
-    def decay(self, factor: float):
-        """Shrink the counts (the measured rates stay, their weight drops): a new generation adapts faster."""
-        self.reached *= factor
-        self.accepted *= factor
+    def limit_weight(self, rounds: float):
+        """Shrink the counts so that the first position counts at most `rounds` observations (the measured rates
+        stay, their weight drops): a new generation's own rounds soon outweigh them."""
+        scale = min(1.0, rounds / max(float(self.reached[0]), 1e-9))
+        self.reached *= scale
+        self.accepted *= scale
 
 
 class RoundCosts:
@@ -298,6 +300,7 @@ class DraftLengthPolicy:
     drafting rounds' line at g = 0, which still holds the drafter's forward and its round's overhead, so skipping
     looked dearer than it is and a drafter that barely paid kept drafting."""
 
+    history_rounds = 8  # a prompt the drafter cannot draft for (or drafts well) shows it within a few dozen rounds
     probe_every = 8
     max_probe_every = 64
     plain_samples = 4
@@ -346,9 +349,9 @@ class DraftLengthPolicy:
         return int(lengths[(expected / self.costs.predict(lengths)).argmax()])
 
     def new_generation(self):
-        """A new prompt starts: earlier prompts' acceptance counts for half (costs, a property of the machine, stay),
-        and probing starts again at its shortest gap."""
-        self.acceptance.decay(0.5)
+        """A new prompt starts: earlier prompts' acceptance counts as `history_rounds` rounds at most (costs, a
+        property of the machine, stay), and probing starts again at its shortest gap."""
+        self.acceptance.limit_weight(self.history_rounds)
         self.skipped, self.probe_gap, self.skipping = 0, self.probe_every, False
 
     def update(self, num_drafted: int, num_accepted: int, seconds: float | None = None):
