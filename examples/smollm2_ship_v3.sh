@@ -4,12 +4,9 @@
 # bench-ablations: specdiff 2x256 over dflash 3x576) and examples/smollm2_v3_continue.sh (more steps for it):
 #   1. the drafter shipped so far is kept aside (runs/.../shipped-v2), the winner goes into the card folder in bf16
 #      with its recipe;
-#   2. bench-ablations/: Spec-Bench 2 per category, 128 new tokens, the new drafter at every path (drop-in, K=1,
-#      K=4, K=4 + lookup) beside the one it replaces (K=1, K=4 + lookup) and prompt lookup, one process;
-#   3. bench/: the headline at the card's setting (10 per category, 256 new tokens): the shipped method (K=4 +
-#      lookup) against plain and prompt lookup;
-#   4. the card rendered from them.
-# bf16, 2 threads, interleaved per prompt. Resumable: both benches keep each finished prompt.
+#   2. examples/bench_card.sh: its benchmarks (the 2-per-category ablation, the headline at the card's setting) and
+#      the card rendered from them. `python examples/compare_drafters.py $CARD $BEFORE` sets the new drafter
+#      beside the one it replaced.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RUN=${RUN:-runs/smollm2_v3}
@@ -21,11 +18,4 @@ if ! cmp -s "$WINNER/training_recipe.json" $CARD/training_recipe.json; then
     rm -rf $CARD/bench*
     hf-specdiff package "$WINNER" $CARD --dtype bf16
 fi
-python examples/compare_drafters.py $CARD $BEFORE --per-category 2 --max-new-tokens 128 --out $CARD/bench-ablations
-hf-specdiff bench --prompts ../shared/data/spec_bench/question.jsonl --per-category 10 --max-new-tokens 256 \
-    --drafter $CARD --num-drafts 4 --with-lookup --method "prompt lookup" \
-    --method "SpecDiff-2 conditioned (K=4) + lookup" --out $CARD/bench
-# its prompts: Magpie requests the verifier wrote itself, and the builder's, which draw on GSM8K
-hf-specdiff card $CARD --base-model HuggingFaceTB/SmolLM2-135M-Instruct --dataset openai/gsm8k \
-    --bench $CARD/bench/results.json --bench $CARD/bench-ablations/results.json \
-    --reproduce "bash examples/smollm2_v3.sh && bash examples/smollm2_v3_continue.sh && bash examples/smollm2_ship_v3.sh"
+bash examples/bench_card.sh

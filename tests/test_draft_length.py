@@ -95,6 +95,22 @@ def test_a_prompt_the_drafter_cannot_draft_for_stops_it_within_the_generation():
     assert generation(0.0, 150)[-50:].count(0) >= 45
 
 
+def test_a_new_generation_does_not_make_long_drafts_look_worth_trying():
+    """At a steady 33% acceptance, each new prompt shrinks the earlier prompts' counts; far draft positions, reached
+    a few times in them, must not then count as always accepted, or every prompt starts with costly long drafts."""
+    policy, generator = DraftLengthPolicy(16), torch.Generator().manual_seed(0)
+    lengths = []
+    for _ in range(10):
+        policy.new_generation()
+        for _ in range(90):
+            g = policy.next_length(allow_skip=True)
+            accepted = int((torch.rand(g, generator=generator) < 0.33).long().cumprod(0).sum())
+            policy.update(g, accepted, 1.0 if g == 0 else 1.1 + 0.03 * g)
+            lengths.append(g)
+    steady = max(lengths[-30:])
+    assert steady <= 3 and max(lengths[-90:-60]) <= steady + 1, lengths[-90:]
+
+
 def test_probes_grow_rarer_while_drafting_does_not_pay_and_start_again_each_generation():
     policy = DraftLengthPolicy(16)
     for length, seconds in ((0, 1.0), (1, 3.0), (2, 5.0)):  # each drafted token costs two plain steps

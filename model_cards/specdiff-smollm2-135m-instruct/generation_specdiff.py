@@ -211,19 +211,20 @@ class VerifierHooks:
 
 class AcceptanceRates:
     """Per draft position i, the rate a_i at which position i is accepted once every position before it was:
-    (accepted + 1) / (reached + 1), so an untried position counts as accepted. A position not reached yet is taken
-    to do as well as the last one reached."""
+    (accepted_i + a_{i-1}) / (reached_i + 1), a_0 = 1. One pseudo-observation each: an untried first position counts
+    as accepted, a later position as doing as well as the one before it, so a position reached only a few times is
+    not taken for one that is always accepted (which made long drafts look worth trying after every new prompt)."""
 
     def __init__(self, max_length: int):
         self.reached = torch.zeros(max_length)
         self.accepted = torch.zeros(max_length)
 
     def rates(self) -> torch.Tensor:
-        rate = (self.accepted + 1) / (self.reached + 1)
-        reached = int(self.reached.count_nonzero())  # the positions reached so far are a prefix
-        if reached:
-            rate[reached:] = rate[reached - 1]
-        return rate
+        rate, prior = [], 1.0
+        for accepted, reached in zip(self.accepted.tolist(), self.reached.tolist()):
+            prior = (accepted + prior) / (reached + 1)
+            rate.append(prior)
+        return torch.tensor(rate)
 
     def update(self, num_drafted: int, num_accepted: int):
         reached = min(num_accepted + 1, num_drafted)
