@@ -232,8 +232,8 @@ class AcceptanceRates:
         self.accepted[:num_accepted] += 1
 
     def limit_weight(self, rounds: float):
-        """Shrink the counts so that the first position counts at most `rounds` observations (the measured rates
-        stay, their weight drops): a new generation's own rounds soon outweigh them."""
+        """Shrink the counts so that the first position counts at most `rounds` observations (the rates stay close,
+        their weight drops): a new generation's own rounds soon outweigh them."""
         scale = min(1.0, rounds / max(float(self.reached[0]), 1e-9))
         self.reached *= scale
         self.accepted *= scale
