@@ -561,7 +561,7 @@ def _load_run(config: TrainConfig, accelerator, progress: bool, saved: dict | No
     `saved`, or built."""
     from .verifiers import load_verifier
 
-    verifier, _ = load_verifier(config.verifier, dtype=torch.float32)
+    verifier, _ = load_verifier(config.verifier, dtype=torch.float32, device=accelerator.device)
     sources = load_training_data(config.data, verifier, config.verifier)
     rows = [row for source in sources for row in source.rows]
     train_rows, eval_rows = split_rows(rows, config.eval_fraction)
@@ -682,7 +682,8 @@ def training_step(run: TrainingRun, step: int) -> float:
 
 def _held_out(run: TrainingRun) -> dict:
     run.model.eval()
-    metrics = held_out_metrics(run.drafter, run.eval_windows, run.config.block_size, run.verifier)
+    metrics = held_out_metrics(run.drafter, run.eval_windows.to(run.accelerator.device), run.config.block_size,
+                               run.verifier)
     run.model.train()
     return metrics
 
