@@ -9,14 +9,21 @@ from helpers import greedy_sequences, tiny_drafter, tiny_verifier, train_briefly
 PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(4))
 
 
-def measured(policy: DraftLengthPolicy, cost, accepted_rate: float, rounds: int = 200):
-    """Run `rounds` rounds where each drafted position is accepted with `accepted_rate` (given the ones before
-    it) and a round of length g costs cost(g) seconds; return the length the policy settles on."""
-    generator = torch.Generator().manual_seed(0)
+def generation(policy: DraftLengthPolicy, generator, rate: float, rounds: int, cost, allow_skip: bool = True):
+    """Run `rounds` rounds where each drafted position is accepted with `rate` (given the ones before it) and a round
+    of length g costs cost(g) seconds; return the length of every round."""
+    lengths = []
     for _ in range(rounds):
-        g = policy.next_length()
-        accepted = int((torch.rand(g, generator=generator) < accepted_rate).long().cumprod(0).sum())
+        g = policy.next_length(allow_skip=allow_skip)
+        accepted = int((torch.rand(g, generator=generator) < rate).long().cumprod(0).sum())
         policy.update(g, accepted, cost(g))
+        lengths.append(g)
+    return lengths
+
+
+def measured(policy: DraftLengthPolicy, cost, accepted_rate: float, rounds: int = 200):
+    """The length a policy that never skips settles on after `rounds` rounds (see `generation`)."""
+    generation(policy, torch.Generator().manual_seed(0), accepted_rate, rounds, cost, allow_skip=False)
     return policy.next_length()
 
 
@@ -60,14 +67,9 @@ def test_a_drafting_policy_measures_plain_steps_and_skips_once_they_show_draftin
     rounds, extrapolated to g = 0, puts a plain step at 1.25 and drafting at 20% acceptance looks worth it. Measured,
     a plain step costs 1.0 and the policy skips; a drafter accepted at 80% goes on drafting, with a measuring plain
     step only every `plain_every` rounds once enough are measured."""
-    def run(rate, rounds=300):
-        policy, generator, lengths = DraftLengthPolicy(16), torch.Generator().manual_seed(0), []
-        for _ in range(rounds):
-            g = policy.next_length(allow_skip=True)
-            accepted = int((torch.rand(g, generator=generator) < rate).long().cumprod(0).sum())
-            policy.update(g, accepted, 1.0 if g == 0 else 1.25 + 0.02 * g)
-            lengths.append(g)
-        return lengths
+    def run(rate):
+        return generation(DraftLengthPolicy(16), torch.Generator().manual_seed(0), rate, 300,
+                          lambda g: 1.0 if g == 0 else 1.25 + 0.02 * g)
 
     rejected, accepted = run(0.2), run(0.8)
     assert rejected[-100:].count(0) >= 90, rejected
@@ -80,19 +82,13 @@ def test_a_prompt_the_drafter_cannot_draft_for_stops_it_within_the_generation():
     as a few rounds only, so the policy skips within the generation instead of drafting to its end."""
     policy, generator = DraftLengthPolicy(16), torch.Generator().manual_seed(0)
 
-    def generation(rate, rounds):
+    def prompt(rate, rounds):
         policy.new_generation()
-        lengths = []
-        for _ in range(rounds):
-            g = policy.next_length(allow_skip=True)
-            accepted = int((torch.rand(g, generator=generator) < rate).long().cumprod(0).sum())
-            policy.update(g, accepted, 1.0 if g == 0 else 1.15 + 0.01 * g)
-            lengths.append(g)
-        return lengths
+        return generation(policy, generator, rate, rounds, lambda g: 1.0 if g == 0 else 1.15 + 0.01 * g)
 
     for _ in range(5):
-        assert generation(0.6, 100)[-50:].count(0) <= 2
-    assert generation(0.0, 150)[-50:].count(0) >= 45
+        assert prompt(0.6, 100)[-50:].count(0) <= 2
+    assert prompt(0.0, 150)[-50:].count(0) >= 45
 
 
 def test_a_new_generation_does_not_make_long_drafts_look_worth_trying():
@@ -102,11 +98,7 @@ def test_a_new_generation_does_not_make_long_drafts_look_worth_trying():
     lengths = []
     for _ in range(10):
         policy.new_generation()
-        for _ in range(90):
-            g = policy.next_length(allow_skip=True)
-            accepted = int((torch.rand(g, generator=generator) < 0.33).long().cumprod(0).sum())
-            policy.update(g, accepted, 1.0 if g == 0 else 1.1 + 0.03 * g)
-            lengths.append(g)
+        lengths += generation(policy, generator, 0.33, 90, lambda g: 1.0 if g == 0 else 1.1 + 0.03 * g)
     steady = max(lengths[-30:])
     assert steady <= 3 and max(lengths[-90:-60]) <= steady + 1, lengths[-90:]
 
