@@ -122,7 +122,8 @@ def _save(path: Path, value):
 def attach_features(data, verifier, drafter, rows: list[dict], top_k: int = 0, progress: bool = True) -> list[dict]:
     """Give every row its verifier features (`row["features"]`) and, with `top_k`, the verifier's k likeliest next
     tokens (`row["verifier_top_k"]`, see `compute_features`): from the data folder's caches, or computed and
-    cached there, shard by shard."""
+    cached there, shard by shard. `verifier` may be a function that returns it, called at the first shard to compute
+    (never when all are cached)."""
     features_dir, top_dir = cache_path(data, drafter.config.verifier_layer_ids), top_k_cache_path(data, top_k)
     bar = tqdm(total=len(rows), desc="verifier features", disable=not progress)
     for start in range(0, len(rows), SHARD_ROWS):
@@ -133,6 +134,8 @@ def attach_features(data, verifier, drafter, rows: list[dict], top_k: int = 0, p
             if verifier is None:
                 missing = "features" if features is None else f"verifier top-{top_k}"
                 raise ValueError(f"{data} has no {missing} cached for these rows: computing them needs the verifier")
+            if not isinstance(verifier, torch.nn.Module):
+                verifier = verifier()
             computed, computed_top = compute_features(verifier, drafter, shard, top_k, bar=bar)
             if features is None:  # write only what was missing (the features are the large part)
                 _save(features_dir / name, computed)

@@ -9,6 +9,7 @@ with the model, optimizer and scheduler restored from the last checkpoint, it en
 """
 
 import copy
+import functools
 import json
 import math
 import os
@@ -578,12 +579,12 @@ def _load_run(config: TrainConfig, accelerator, progress: bool, saved: dict | No
     cached = config.feature_cache and config.kind == "diffusion" and drafter.config.is_conditioned
     top_k = config.kl_top_k if cached and config.kl_weight else 0
     if cached:
-        teacher = _feature_verifier(verifier, config.precision)
+        teacher = functools.cache(lambda: _feature_verifier(verifier, config.precision))  # made only if needed
         with accelerator.main_process_first():
             for source in sources:
                 attach_features(source.folder, teacher, drafter, source.rows, top_k,
                                 progress and accelerator.is_main_process)
-        del teacher
+        teacher.cache_clear()
     if not (config.kl_weight and not top_k) and (not config.verifier_layers or cached):
         run.verifier = None  # a dflash drafter keeps the verifier's embeddings and head
     elif config.precision == "bf16":

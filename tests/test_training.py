@@ -255,8 +255,12 @@ def test_feature_cache_keeps_its_finished_shards_through_a_crash(workspace, tmp_
     computed.clear()
     feature_cache.attach_features(tmp_path / "data", verifier, drafter, rows[:88], progress=False)
     feature_cache.attach_features(tmp_path / "data", None, drafter, rows[:88], progress=False)  # read back
-    feature_cache.attach_features(tmp_path / "data", verifier, drafter, rows, progress=False)
-    assert computed == [8, 16]  # the last shard only, once with 8 rows, then again with 16
+    made = []
+    make_verifier = lambda: made.append(1) or verifier  # noqa: E731  (a verifier made only if a shard needs it)
+    feature_cache.attach_features(tmp_path / "data", make_verifier, drafter, rows[:88], progress=False)
+    assert not made
+    feature_cache.attach_features(tmp_path / "data", make_verifier, drafter, rows, progress=False)
+    assert computed == [8, 16] and made == [1]  # the last shard only, once with 8 rows, then again with 16
 
 
 def test_distill_data_keeps_the_features_it_reads_while_generating(workspace, tmp_path, monkeypatch):
@@ -316,22 +320,30 @@ def test_training_on_several_data_folders(workspace, tmp_path):
 
 def test_a_bf16_run_computes_its_feature_cache_with_a_bf16_copy_of_the_verifier(workspace, tmp_path, monkeypatch):
     """Missing cached features come from the verifier in the run's precision (bf16: about twice as fast on a CPU
-    with bf16 matmuls, and what the drafter reads at drafting time); an fp32 run's from the fp32 verifier."""
+    with bf16 matmuls, and what the drafter reads at drafting time); an fp32 run's from the fp32 verifier. A run
+    whose features are all cached makes no copy of the verifier."""
     import shutil
 
-    from hf_specdiff import training
+    from hf_specdiff import feature_cache, training
 
     root, _, _ = workspace
-    shutil.copytree(root / "data", tmp_path / "data")
-    seen, attach = [], training.attach_features
-    monkeypatch.setattr(training, "attach_features", lambda folder, verifier, *a, **k:
-                        seen.append(next(verifier.parameters()).dtype) or attach(folder, verifier, *a, **k))
+    for name in ("data", "data-fp32"):
+        shutil.copytree(root / "data", tmp_path / name)
+    computed, made = [], []
+    compute, make = feature_cache.compute_features, training._feature_verifier
+    monkeypatch.setattr(feature_cache, "compute_features", lambda verifier, *a, **k:
+                        computed.append(next(verifier.parameters()).dtype) or compute(verifier, *a, **k))
+    monkeypatch.setattr(training, "_feature_verifier", lambda *a: made.append(1) or make(*a))
     config = base_config(root, "bf16-features", data=str(tmp_path / "data"), verifier_layers="auto",
                          feature_cache=True, precision="bf16", max_steps=1, eval_every=1)
     train(config, progress=False)
-    assert seen == [torch.bfloat16]
-    train(replace(config, precision="fp32", out=str(root / "fp32-features")), progress=False)
-    assert seen == [torch.bfloat16, torch.float32]
+    assert set(computed) == {torch.bfloat16} and made == [1]
+    computed.clear()
+    train(replace(config, out=str(root / "bf16-cached")), progress=False)
+    assert computed == [] and made == [1]
+    train(replace(config, precision="fp32", data=str(tmp_path / "data-fp32"), out=str(root / "fp32-features")),
+          progress=False)
+    assert set(computed) == {torch.float32}
 
 
 def test_kl_from_the_cached_top_k_needs_no_verifier_forward(workspace, tmp_path, monkeypatch):
