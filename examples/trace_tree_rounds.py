@@ -36,9 +36,9 @@ class RoundRecorder:
             recorder.candidates = list(zip(["lookup"] + ["drafter"] * (len(rows) - 1), rows, scores))
             return recorder.prune(tree_decoding, lookup, draft_scores)
 
-        def learn(tree_decoding, round_, path):
+        def learn(tree_decoding, round_, path, next_token):
             recorder.record([int(round_.tree.tokens[n]) for n in path])
-            return recorder.learn(tree_decoding, round_, path)
+            return recorder.learn(tree_decoding, round_, path, next_token)
 
         decoding.TreeDecoding._prune, decoding.TreeDecoding.learn = prune, learn
 

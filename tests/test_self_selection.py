@@ -193,6 +193,32 @@ def test_lookup_branch_greedy_equals_plain_and_adds_tokens(trained, arch, num_dr
     assert taus[10] > taus[0], taus  # tiny random verifiers repeat themselves: the lookup branch gets accepted
 
 
+def test_a_lookup_branch_pruned_away_after_misses_comes_back_when_it_is_right(trained, monkeypatch):
+    """The lookup draft's rates are learnt from what the verifier commits, not only from the nodes the tree kept: after
+    a run of wrong lookup drafts prunes the branch to nothing (plain steps), drafts that are right get it back."""
+    verifier, _ = trained("llama")
+    drafter = tiny_drafter(verifier, block_size=8)  # untrained: its nodes are too unlikely to be kept
+    prompt = PROMPTS[:1]
+    plain = verifier.generate(prompt, max_new_tokens=60, do_sample=False, eos_token_id=None)[0].tolist()
+    calls = []
+
+    def oracle(ids, num_tokens, max_ngram=3):  # the first 8 drafts wrong at their first token, then right
+        calls.append(1)
+        future = plain[ids.shape[0]:ids.shape[0] + num_tokens]
+        return [(t + 1) % 96 for t in future] if len(calls) <= 8 else future
+
+    monkeypatch.setattr(decoding, "prompt_lookup", oracle)
+    for nodes, seconds in ((0, 1.0), (1, 1.3), (10, 1.5)):  # a node is dear at first, the next ones cheap
+        for _ in range(50):
+            drafter.tree_round_costs.record(nodes, seconds)
+    monkeypatch.setattr(drafter.tree_round_costs, "record", lambda *args: None)  # no wall-clock in the test
+    stats = hf_specdiff.SpecDiffStats()
+    out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=60, do_sample=False, eos_token_id=None,
+                               num_drafts=1, lookup_tokens=10, stats=stats)
+    assert out[0].tolist() == plain
+    assert stats.rounds <= 30, stats.as_dict()  # 60 plain steps if the branch never came back
+
+
 @pytest.mark.parametrize("num_drafts", [1, 4])
 def test_streamer_scores_and_dict_output(trained, num_drafts):
     verifier, drafter = trained("qwen2")

@@ -422,6 +422,7 @@ class TreeRound:
     committed: torch.Tensor  # [1, c] the committed tokens the verifier has not read yet
     past: int  # the verifier's cache length before this round
     lookup: list[int]  # the prompt-lookup draft (possibly pruned)
+    proposed_lookup: list[int]  # the prompt-lookup draft before pruning
     drafts: list | torch.Tensor  # the drafter's drafts in the tree (possibly pruned)
     draft_scores: torch.Tensor | None  # [g, V] the drafter's processed logits; None if it did not draft
     tree: DraftTree
@@ -461,7 +462,7 @@ class TreeDecoding:
             target_scores = self.target_scores(input_ids, outputs.logits[0].float(), round_)
             path, next_token = self.accept(round_, target_scores)
             compact_cache(cache, len(round_.tree), path)
-            self.learn(round_, path)
+            self.learn(round_, path, next_token)
             if self.conditioned:
                 self.record_features(round_, outputs, path)
             input_ids, stopped = self.commit(input_ids, round_, path, next_token, target_scores)
@@ -483,7 +484,7 @@ class TreeDecoding:
             num_tokens = 0  # the verifier reads the prompt first
         lookup = prompt_lookup(input_ids[0].cpu(), min(self.lookup_tokens, room)) \
             if self.lookup_tokens and room > 0 else []
-        drafts, draft_scores = [], None
+        proposed_lookup, drafts, draft_scores = lookup, [], None
         if num_tokens > 0:
             _, draft_scores = self.drafter.draft(input_ids.to(self.drafter.device), self.drafter_cache, num_tokens,
                                                  self.logits_processor, num_steps=1)
@@ -494,8 +495,8 @@ class TreeDecoding:
         if not self.do_sample:  # a node costs verifier compute: keep the nodes most likely to be accepted
             lookup, drafts = self._prune(lookup, draft_scores)
         tree = DraftTree.from_drafts(drafts, fixed=lookup)
-        return TreeRound(input_ids[:, past:], past, lookup, drafts, draft_scores, tree, tree.tokens.to(input_ids.device),
-                         started)
+        return TreeRound(input_ids[:, past:], past, lookup, proposed_lookup, drafts, draft_scores, tree,
+                         tree.tokens.to(input_ids.device), started)
 
     def _prune(self, lookup: list[int], draft_scores: torch.Tensor | None) -> tuple[list[int], list[list[int]]]:
         """Greedy: the K likeliest drafts under the marginals and the lookup draft, cut to the best tree nodes."""
@@ -553,20 +554,27 @@ class TreeDecoding:
         draft_probs = None if round_.draft_scores is None else round_.draft_scores.float().softmax(-1)
         return accept_sampling(round_.tree, target_scores, draft_probs)  # draft_probs None: a lookup-only tree
 
-    def learn(self, round_: TreeRound, path: list[int]):
+    def learn(self, round_: TreeRound, path: list[int], next_token: int):
         """Statistics, the drafter's and the lookup draft's acceptance, and the round's cost for `tree_budget`."""
-        tree, lookup = round_.tree, round_.lookup
+        tree = round_.tree
         self.stats.record_round(int(tree.depths.max()) if len(tree) else 0, len(path))
         if round_.draft_scores is not None:  # the drafter's positions that were verified (pruning may cut the deepest)
             accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
             self.length_policy.update(max(map(len, round_.drafts), default=0), accepted)
-        if lookup and not self.do_sample:  # how far the accepted path followed the lookup draft
-            followed = 0
-            while followed < min(len(path), len(lookup)) and int(tree.tokens[path[followed]]) == lookup[followed]:
-                followed += 1
-            self.lookup_acceptance.update(len(lookup), followed)
+        if round_.proposed_lookup and not self.do_sample:
+            self.learn_lookup(round_.proposed_lookup, tree.tokens[path].tolist() + [next_token])
         if not self.do_sample and round_.committed.shape[1] == 1:  # a round that read no prompt
             self.drafter.tree_round_costs.record(len(tree), time.perf_counter() - round_.started)
+
+    def learn_lookup(self, proposed: list[int], committed: list[int]):
+        """The lookup draft's acceptance by depth, from the verifier's greedy tokens this round, `committed`: as far
+        as they reach, they tell how far the whole proposed draft would have been accepted, however much of it the
+        tree kept. Learning only from the kept part, a branch pruned away after a few misses never came back."""
+        known = min(len(proposed), len(committed))
+        agreed = 0
+        while agreed < known and proposed[agreed] == committed[agreed]:
+            agreed += 1
+        self.lookup_acceptance.update(known, agreed)
 
     def record_features(self, round_: TreeRound, outputs, path: list[int]):
         """Keep the verifier's features of what it read: the committed tokens and the accepted path."""
