@@ -116,6 +116,15 @@ def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, 
     assert all(result["exact_match"] == 1.0 for result in summary["results"]["math"].values()), summary["results"]
 
 
+def test_tree_tau(models, tmp_path):
+    out = run("tree_tau.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+              "--prompts", str(models / "prompts.jsonl"), "--categories", "qa", "--per-category", "2",
+              "--max-new-tokens", "16", "--fp32", "--out", str(tmp_path / "tau.json"))
+    result = json.loads((tmp_path / "tau.json").read_text())["results"]
+    assert set(result) == {"qa", "overall"} and json.loads(out) == result
+    assert all(row["tokens"] == 32 and 1 <= row["tau"] <= 16 for row in result["overall"].values())
+
+
 def test_verifier_cost(models):
     out = run("verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20,40",
               "--rows", "1,4", "--threads", "1", "--attn", "eager")
