@@ -591,7 +591,7 @@ def _load_run(config: TrainConfig, accelerator, progress: bool, saved: dict | No
         verifier.to(torch.bfloat16)  # it only gives targets or features: half the cost
     if eval_rows and config.kind == "diffusion":
         run.eval_windows = sample_windows(eval_rows, min(64, 4 * len(eval_rows)), config.seq_len, run.pad_id,
-                                          torch.Generator().manual_seed(config.seed))
+                                          torch.Generator().manual_seed(config.seed)).to(accelerator.device)
     return run
 
 
@@ -683,8 +683,7 @@ def training_step(run: TrainingRun, step: int) -> float:
 
 def _held_out(run: TrainingRun) -> dict:
     run.model.eval()
-    metrics = held_out_metrics(run.drafter, run.eval_windows.to(run.accelerator.device), run.config.block_size,
-                               run.verifier)
+    metrics = held_out_metrics(run.drafter, run.eval_windows, run.config.block_size, run.verifier)
     run.model.train()
     return metrics
 

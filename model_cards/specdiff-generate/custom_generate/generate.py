@@ -421,8 +421,7 @@ class TreeRound:
 
     committed: torch.Tensor  # [1, c] the committed tokens the verifier has not read yet
     past: int  # the verifier's cache length before this round
-    lookup: list[int]  # the prompt-lookup draft (possibly pruned)
-    proposed_lookup: list[int]  # the prompt-lookup draft before pruning
+    lookup: list[int]  # the prompt-lookup draft as proposed (the tree holds what pruning kept of it)
     drafts: list | torch.Tensor  # the drafter's drafts in the tree (possibly pruned)
     draft_scores: torch.Tensor | None  # [g, V] the drafter's processed logits; None if it did not draft
     tree: DraftTree
@@ -484,7 +483,7 @@ class TreeDecoding:
             num_tokens = 0  # the verifier reads the prompt first
         lookup = prompt_lookup(input_ids[0].cpu(), min(self.lookup_tokens, room)) \
             if self.lookup_tokens and room > 0 else []
-        proposed_lookup, drafts, draft_scores = lookup, [], None
+        drafts, draft_scores = [], None
         if num_tokens > 0:
             _, draft_scores = self.drafter.draft(input_ids.to(self.drafter.device), self.drafter_cache, num_tokens,
                                                  self.logits_processor, num_steps=1)
@@ -492,11 +491,12 @@ class TreeDecoding:
             draft_scores = draft_scores.to(input_ids.device)
             if self.do_sample:  # the draws of sampling stay whole
                 drafts = sample_drafts(draft_scores, self.num_drafts)
+        kept = lookup
         if not self.do_sample:  # a node costs verifier compute: keep the nodes most likely to be accepted
-            lookup, drafts = self._prune(lookup, draft_scores)
-        tree = DraftTree.from_drafts(drafts, fixed=lookup)
-        return TreeRound(input_ids[:, past:], past, lookup, proposed_lookup, drafts, draft_scores, tree,
-                         tree.tokens.to(input_ids.device), started)
+            kept, drafts = self._prune(lookup, draft_scores)
+        tree = DraftTree.from_drafts(drafts, fixed=kept)
+        return TreeRound(input_ids[:, past:], past, lookup, drafts, draft_scores, tree, tree.tokens.to(input_ids.device),
+                         started)
 
     def _prune(self, lookup: list[int], draft_scores: torch.Tensor | None) -> tuple[list[int], list[list[int]]]:
         """Greedy: the K likeliest drafts under the marginals and the lookup draft, cut to the best tree nodes."""
@@ -561,8 +561,8 @@ class TreeDecoding:
         if round_.draft_scores is not None:  # the drafter's positions that were verified (pruning may cut the deepest)
             accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
             self.length_policy.update(max(map(len, round_.drafts), default=0), accepted)
-        if round_.proposed_lookup and not self.do_sample:
-            self.learn_lookup(round_.proposed_lookup, tree.tokens[path].tolist() + [next_token])
+        if round_.lookup and not self.do_sample:
+            self.learn_lookup(round_.lookup, tree.tokens[path].tolist() + [next_token])
         if not self.do_sample and round_.committed.shape[1] == 1:  # a round that read no prompt
             self.drafter.tree_round_costs.record(len(tree), time.perf_counter() - round_.started)
 
