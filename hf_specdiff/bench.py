@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from .decoding import SpecDiffStats, generate
+from .decoding import DEFAULT_NUM_LOOKUP_DRAFTS, SpecDiffStats, generate
 from .evaluate import plot_acceptance
 from .threads import torch_threads
 
@@ -70,7 +70,8 @@ class _ForwardTimer:
 
 def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_drafter=None,
                   num_drafts: tuple[int, ...] = (1,), prompt_lookup_tokens: int = 10,
-                  with_lookup: bool = False, dflash_drafter=None) -> dict[str, dict]:
+                  with_lookup: bool = False, dflash_drafter=None,
+                  lookup_drafts: tuple[int, ...] = (DEFAULT_NUM_LOOKUP_DRAFTS,)) -> dict[str, dict]:
     """The methods `benchmark` runs with these drafters: name -> generation options, in run order."""
     methods = {"plain": dict()}
     methods["prompt lookup"] = dict(prompt_lookup_num_tokens=prompt_lookup_tokens)
@@ -95,7 +96,10 @@ def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_
             methods[f"SpecDiff-2 {kind} (K={k})"] = dict(specdiff=conditioned, num_drafts=k)
     if with_lookup:
         for name in [m for m in methods if m.startswith("SpecDiff") and "specdiff" in methods[m]]:
-            methods[f"{name} + lookup"] = dict(methods[name], lookup_tokens=prompt_lookup_tokens)
+            for count in lookup_drafts:
+                label = "" if count == DEFAULT_NUM_LOOKUP_DRAFTS else f" x{count}"
+                methods[f"{name} + lookup{label}"] = dict(methods[name], lookup_tokens=prompt_lookup_tokens,
+                                                          num_lookup_drafts=count)
     return methods
 
 
@@ -104,14 +108,16 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
               max_new_tokens: int = 256,
               prompt_lookup_tokens: int = 10, with_lookup: bool = False, only: list[str] | None = None,
               records_file=None, run_info: dict | None = None, progress: bool = True,
-              threads: int | None = None, repeats: int = 1) -> dict:
+              threads: int | None = None, repeats: int = 1,
+              lookup_drafts: tuple[int, ...] = (DEFAULT_NUM_LOOKUP_DRAFTS,)) -> dict:
     """Run every available method on every prompt (interleaved) and return per-category and overall results.
 
     `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
     hidden states, `dflash_drafter` one of the dflash layout (also run through transformers' own DFlash loop);
     `by_kind` sorts drafters into these three. `mdlm_drafter` is an unaligned one of either kind (its label says
     which); any may be None. Each runs at every K in `num_drafts`. `with_lookup` adds, for every SpecDiff
-    method, a "+ lookup" one whose tree also holds the prompt-lookup draft (`prompt_lookup_tokens` tokens). `only`
+    method, a "+ lookup" one whose tree also holds prompt-lookup drafts of `prompt_lookup_tokens` tokens, one
+    method per count in `lookup_drafts` ("+ lookup x1" for one draft; no suffix for the default count). `only`
     keeps the named methods (plain always runs: it is the reference). `records_file` (JSON lines) receives each
     prompt's records when the prompt is done; if it exists, its finished prompts are kept and the run goes on from
     there, provided the methods, prompts and `run_info` (anything else a resumed run must share, such as the
@@ -119,7 +125,7 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     on return. `repeats` > 1 runs each prompt that many times through every method (the order reversed every other
     time) and keeps each method's fastest run: timing noise from other work on the machine only ever adds time."""
     methods = bench_methods(drafter, mdlm_drafter, ar_drafter, conditioned_drafter, num_drafts, prompt_lookup_tokens,
-                            with_lookup, dflash_drafter)
+                            with_lookup, dflash_drafter, lookup_drafts)
     if only is not None:
         unknown = [m for m in only if m not in methods]
         if unknown:

@@ -112,6 +112,7 @@ def cmd_bench(args):
     from transformers import AutoModelForCausalLM
 
     from .bench import benchmark, by_kind, markdown_table, read_spec_bench, save
+    from .decoding import DEFAULT_NUM_LOOKUP_DRAFTS
     from .shipped import SHIPPED_DRAFTERS, shipped_drafter_path
     from .verifiers import load_verifier
 
@@ -133,6 +134,8 @@ def cmd_bench(args):
     summary = benchmark(verifier, tokenizer, prompts, **by_kind(specdiff), mdlm_drafter=load(args.mdlm_drafter),
                         ar_drafter=load(args.ar_drafter), num_drafts=tuple(int(k) for k in args.num_drafts.split(",")),
                         max_new_tokens=args.max_new_tokens, with_lookup=args.with_lookup, only=args.method,
+                        lookup_drafts=tuple(int(n) for n in args.num_lookup_drafts.split(","))
+                        if args.num_lookup_drafts else (DEFAULT_NUM_LOOKUP_DRAFTS,),
                         records_file=Path(args.out) / "records.jsonl", run_info=run_info, threads=args.threads,
                         repeats=args.repeats)
     summary["settings"] = settings
@@ -302,6 +305,9 @@ def _bench_parser(sub):
     p.add_argument("--num-drafts", default="1,4", help="comma-separated K values for SpecDiff-2")
     p.add_argument("--with-lookup", action="store_true",
                    help="also run each SpecDiff-2 method with a prompt-lookup branch in its tree (+ lookup)")
+    p.add_argument("--num-lookup-drafts", default=None,
+                   help="comma-separated counts of lookup drafts in the + lookup methods' trees (default: the "
+                        "library's; another count is named + lookup xN)")
     p.add_argument("--method", action="append", default=None,
                    help="run only this method (repeatable; plain always runs), e.g. --method 'prompt lookup'")
     p.add_argument("--max-new-tokens", type=int, default=256)

@@ -6,7 +6,7 @@ Entry points (the same loop):
 
 K = 1 runs transformers' own assisted-decoding loop with `DiffusionCandidateGenerator` supplying the drafts.
 K > 1, or a prompt-lookup branch (`lookup_tokens` > 0), runs self-selection: one drafter forward gives per-position
-marginals q_1..q_g; K drafts are drawn from them and merged, with the lookup draft, into a prefix tree; one verifier
+marginals q_1..q_g; K drafts are drawn from them and merged, with the lookup drafts, into a prefix tree; one verifier
 forward scores every tree node (4D tree attention mask, one position id per node); the verifier's cache is then
 compacted to the accepted path.
 
@@ -23,9 +23,9 @@ Why the output is exactly the verifier's:
   draws of an already rejected token are tried again (they are rejected with probability 1, since p(x) < q(x)
   held when it was rejected and the residual puts no mass on it) and still update the residual, so the
   multiplicity of draws is respected even though the tree stores each prefix once.
-- A prompt-lookup draft (`lookup_tokens`) is a function of the committed tokens alone, so at each node it passes
-  through it is one more independent draw, from a point mass: accepted with probability p(x), and on rejection the
-  target loses x (the same rule with q = one-hot(x)).
+- A prompt-lookup draft (`lookup_tokens`; `num_lookup_drafts` of them) is a function of the committed tokens alone,
+  so at each node it passes through it is one more independent draw, from a point mass: accepted with probability
+  p(x) under the current target, and on rejection the target loses x (the same rule with q = one-hot(x)).
 
 This file imports only torch and transformers, so it also ships as a Hub `custom_generate/generate.py`.
 """
@@ -49,6 +49,10 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 # CPU cores: 1.38x a 1-token forward with AVX512-BF16, 6x with AVX2 only), so by default each round sizes its tree
 # by measured round costs (`tree_budget`). On a GPU a larger tree is almost free: pass a larger max_tree_nodes.
 DEFAULT_MAX_TREE_NODES = 15
+
+# A tree with a lookup branch holds the distinct continuations of the latest this many matches: in the tree, the
+# verifier keeps whichever agrees longest (docs/benchmarks.md: tau and speed against a single lookup draft).
+DEFAULT_NUM_LOOKUP_DRAFTS = 4
 
 
 @dataclass
@@ -155,13 +159,13 @@ class DraftTree:
     depths: torch.Tensor
     draws: dict[int, list[tuple[int, int, bool]]]
     ancestors: torch.Tensor  # [N, N] bool: ancestors[n, u] = u is n or an ancestor of n
-    fixed_only: set[int]  # nodes that only the fixed draft passes through
+    fixed_only: set[int]  # nodes that only fixed drafts pass through
 
     @classmethod
-    def from_drafts(cls, drafts, fixed: list[int] | None = None) -> "DraftTree":
+    def from_drafts(cls, drafts, fixed: list[list[int]] = ()) -> "DraftTree":
         """Build the tree of `drafts` ([K, g] tensor, or rows of any length) followed by the `fixed` rows."""
         rows = [(row, False) for row in (drafts.tolist() if torch.is_tensor(drafts) else drafts)]
-        rows += [(fixed, True)] if fixed else []
+        rows += [(row, True) for row in fixed if row]
         index: dict[tuple, int] = {}
         tokens, parents, depths = [], [], []
         draws: dict[int, list[tuple[int, int, bool]]] = {}
@@ -255,15 +259,22 @@ def sample_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.multinomial(probs, k, replacement=True).T
 
 
-def prompt_lookup(ids: torch.Tensor, num_tokens: int, max_ngram: int = 3) -> list[int]:
-    """Up to `num_tokens` tokens that followed the latest earlier occurrence of the longest n-gram (n <= max_ngram)
-    ending `ids` [L]: prompt-lookup decoding's draft, made from the context alone."""
+def prompt_lookup(ids: torch.Tensor, num_tokens: int, num_drafts: int = 1, max_ngram: int = 3) -> list[list[int]]:
+    """Prompt-lookup decoding's drafts, made from the context `ids` [L] alone: the up to `num_tokens` tokens that
+    followed each earlier occurrence of the longest n-gram (n <= max_ngram) ending it, latest first, up to
+    `num_drafts` distinct ones."""
     for n in range(min(max_ngram, ids.shape[0] - 1), 0, -1):
         windows = ids[:-1].unfold(0, n, 1)  # every n-gram that has a token after it
-        hits = (windows == ids[-n:]).all(-1).nonzero().flatten()
-        if len(hits):
-            start = int(hits[-1]) + n
-            return ids[start:start + num_tokens].tolist()
+        hits = (windows == ids[-n:]).all(-1).nonzero().flatten().tolist()
+        drafts = []
+        for start in reversed(hits):
+            draft = ids[start + n:start + n + num_tokens].tolist()
+            if draft not in drafts:
+                drafts.append(draft)
+                if len(drafts) == num_drafts:
+                    break
+        if drafts:
+            return drafts
     return []
 
 
@@ -421,7 +432,7 @@ class TreeRound:
 
     committed: torch.Tensor  # [1, c] the committed tokens the verifier has not read yet
     past: int  # the verifier's cache length before this round
-    lookup: list[int]  # the prompt-lookup draft as proposed (the tree holds what pruning kept of it)
+    lookups: list[list[int]]  # the prompt-lookup drafts as proposed (the tree holds what pruning kept of them)
     drafts: list | torch.Tensor  # the drafter's drafts in the tree (possibly pruned)
     draft_scores: torch.Tensor | None  # [g, V] the drafter's processed logits; None if it did not draft
     tree: DraftTree
@@ -434,17 +445,20 @@ class TreeDecoding:
     `record_features`, `commit`; `__call__` runs them until a stopping criterion fires."""
 
     def __init__(self, verifier, drafter, generation_config, logits_processor, stopping_criteria, *, num_drafts: int,
-                 draft_length: int | None, lookup_tokens: int, max_tree_nodes: int | None, streamer, stats):
+                 draft_length: int | None, lookup_tokens: int, num_lookup_drafts: int, max_tree_nodes: int | None,
+                 streamer, stats):
         _check_tree_support(verifier)
         self.verifier, self.drafter = verifier, drafter
         self.generation_config = generation_config
         self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
         self.num_drafts, self.lookup_tokens, self.max_tree_nodes = num_drafts, lookup_tokens, max_tree_nodes
+        self.num_lookup_drafts = num_lookup_drafts if lookup_tokens else 0
         self.streamer, self.stats = streamer, stats
         self.do_sample = bool(generation_config.do_sample)
         self.conditioned = drafter.config.is_conditioned
         self.length_policy = drafter.new_length_policy(fixed=draft_length)
-        self.lookup_acceptance = drafter.new_acceptance_rates(max(lookup_tokens, 1))  # by depth
+        # by depth, for the latest match's draft, the one before it, ...
+        self.lookup_acceptance = [drafter.new_acceptance_rates(lookup_tokens) for _ in range(self.num_lookup_drafts)]
         self.drafter_cache = drafter.new_cache()
         self.output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
         self.scores: list[torch.Tensor] = []
@@ -474,14 +488,14 @@ class TreeDecoding:
         return input_ids
 
     def draft_tree(self, input_ids: torch.LongTensor, cache) -> TreeRound:
-        """The round's tree: K drafts from one drafter forward and the lookup draft; greedy keeps the likeliest nodes."""
+        """The round's tree: K drafts from one drafter forward and the lookup drafts; greedy keeps the likeliest nodes."""
         started = time.perf_counter()
         past = cache.get_seq_length()
         room = self.generation_config.max_length - input_ids.shape[1] - 1
         num_tokens = min(self.length_policy.next_length(), room)
         if self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
             num_tokens = 0  # the verifier reads the prompt first
-        lookup = prompt_lookup(input_ids[0].cpu(), min(self.lookup_tokens, room)) \
+        lookups = prompt_lookup(input_ids[0].cpu(), min(self.lookup_tokens, room), self.num_lookup_drafts) \
             if self.lookup_tokens and room > 0 else []
         drafts, draft_scores = [], None
         if num_tokens > 0:
@@ -491,25 +505,26 @@ class TreeDecoding:
             draft_scores = draft_scores.to(input_ids.device)
             if self.do_sample:  # the draws of sampling stay whole
                 drafts = sample_drafts(draft_scores, self.num_drafts)
-        kept = lookup
+        kept = lookups
         if not self.do_sample:  # a node costs verifier compute: keep the nodes most likely to be accepted
-            kept, drafts = self._prune(lookup, draft_scores)
+            kept, drafts = self._prune(lookups, draft_scores)
         tree = DraftTree.from_drafts(drafts, fixed=kept)
-        return TreeRound(input_ids[:, past:], past, lookup, drafts, draft_scores, tree, tree.tokens.to(input_ids.device),
-                         started)
+        return TreeRound(input_ids[:, past:], past, lookups, drafts, draft_scores, tree,
+                         tree.tokens.to(input_ids.device), started)
 
-    def _prune(self, lookup: list[int], draft_scores: torch.Tensor | None) -> tuple[list[int], list[list[int]]]:
-        """Greedy: the K likeliest drafts under the marginals and the lookup draft, cut to the best tree nodes."""
-        rows, path_scores = self.candidates(lookup, draft_scores)
+    def _prune(self, lookups: list[list[int]], draft_scores: torch.Tensor | None) -> tuple[list, list]:
+        """Greedy: the K likeliest drafts under the marginals and the lookup drafts, cut to the best tree nodes."""
+        rows, path_scores = self.candidates(lookups, draft_scores)
         rows = prune_drafts(rows, path_scores, self.max_tree_nodes or DEFAULT_MAX_TREE_NODES,
                             costs=None if self.max_tree_nodes else self.drafter.tree_round_costs)
-        return rows[0], rows[1:]
+        return rows[:len(lookups)], rows[len(lookups):]
 
-    def candidates(self, lookup: list[int], draft_scores: torch.Tensor | None) -> tuple[list[list[int]], list]:
-        """The candidate rows (the lookup draft first, then the K likeliest drafts under the marginals) and, for
-        each, the log-probability that each of its prefixes is accepted (the lookup draft's measured rates)."""
-        rows = [lookup]
-        path_scores = [self.lookup_acceptance.rates()[:len(lookup)].log().cumsum(0).tolist()]
+    def candidates(self, lookups: list[list[int]], draft_scores: torch.Tensor | None) -> tuple[list[list[int]], list]:
+        """The candidate rows (the lookup drafts first, then the K likeliest drafts under the marginals) and, for
+        each, the log-probability that each of its prefixes is accepted (each lookup draft's measured rates)."""
+        rows = list(lookups)
+        path_scores = [rates.rates()[:len(row)].log().cumsum(0).tolist()
+                       for row, rates in zip(lookups, self.lookup_acceptance)]
         if draft_scores is not None:
             log_q = draft_scores.float().log_softmax(-1)
             drafts = top_k_drafts(log_q, self.num_drafts)
@@ -561,20 +576,21 @@ class TreeDecoding:
         if round_.draft_scores is not None:  # the drafter's positions that were verified (pruning may cut the deepest)
             accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
             self.length_policy.update(max(map(len, round_.drafts), default=0), accepted)
-        if round_.lookup and not self.do_sample:
-            self.learn_lookup(round_.lookup, tree.tokens[path].tolist() + [next_token])
+        if round_.lookups and not self.do_sample:
+            self.learn_lookup(round_.lookups, tree.tokens[path].tolist() + [next_token])
         if not self.do_sample and round_.committed.shape[1] == 1:  # a round that read no prompt
             self.drafter.tree_round_costs.record(len(tree), time.perf_counter() - round_.started)
 
-    def learn_lookup(self, proposed: list[int], committed: list[int]):
-        """The lookup draft's acceptance by depth, from the verifier's greedy tokens this round, `committed`: as far
+    def learn_lookup(self, lookups: list[list[int]], committed: list[int]):
+        """Each lookup draft's acceptance by depth, from the verifier's greedy tokens this round, `committed`: as far
         as they reach, they tell how far the whole proposed draft would have been accepted, however much of it the
         tree kept. Learning only from the kept part, a branch pruned away after a few misses never came back."""
-        known = min(len(proposed), len(committed))
-        agreed = 0
-        while agreed < known and proposed[agreed] == committed[agreed]:
-            agreed += 1
-        self.lookup_acceptance.update(known, agreed)
+        for proposed, rates in zip(lookups, self.lookup_acceptance):
+            known = min(len(proposed), len(committed))
+            agreed = 0
+            while agreed < known and proposed[agreed] == committed[agreed]:
+                agreed += 1
+            rates.update(known, agreed)
 
     def record_features(self, round_: TreeRound, outputs, path: list[int]):
         """Keep the verifier's features of what it read: the committed tokens and the accepted path."""
@@ -650,7 +666,7 @@ def _linear_decoding(verifier, input_ids, logits_processor, stopping_criteria, g
 
 def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                       drafter=None, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,
-                      max_tree_nodes: int | None = None, token_streamer=None,
+                      num_lookup_drafts: int = DEFAULT_NUM_LOOKUP_DRAFTS, max_tree_nodes: int | None = None, token_streamer=None,
                       specdiff_stats: SpecDiffStats | None = None, **model_kwargs):
     """A `custom_generate` callable: `model.generate(**inputs, custom_generate=specdiff_generate, drafter=...)`.
 
@@ -658,8 +674,9 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         drafter: a SpecDiff drafter for this verifier.
         num_drafts: K, the drafts verified together as a prefix tree (1: a single draft, transformers' own loop).
         draft_length: a fixed draft length (<= block size); `None` adapts it to measured acceptance.
-        lookup_tokens: if > 0, each round's tree also holds a prompt-lookup draft of up to this many tokens (the
-            continuation of the latest earlier match of the context's last 1-3 tokens); runs the tree loop.
+        lookup_tokens: if > 0, each round's tree also holds prompt-lookup drafts of up to this many tokens (what
+            followed earlier matches of the context's last 1-3 tokens); runs the tree loop.
+        num_lookup_drafts: how many lookup drafts (distinct continuations of the latest matches) a tree holds.
         max_tree_nodes: greedy self-selection verifies this many tree nodes per round, lookup branch included:
             the prefixes most likely to be accepted, drafter nodes by the drafter's marginals, lookup nodes by the
             lookup draft's measured acceptance at each depth. `None`: each round picks how many (0 to
@@ -685,6 +702,8 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         raise ValueError(f"num_drafts must be >= 1, got {num_drafts}")
     if lookup_tokens < 0:
         raise ValueError(f"lookup_tokens must be >= 0, got {lookup_tokens}")
+    if num_lookup_drafts < 1:
+        raise ValueError(f"num_lookup_drafts must be >= 1, got {num_lookup_drafts}")
     if max_tree_nodes is not None and max_tree_nodes < 1:
         raise ValueError(f"max_tree_nodes must be >= 1, got {max_tree_nodes}")
     longest = getattr(drafter.config, "max_draft_tokens", drafter.config.block_size)
@@ -701,18 +720,20 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
                                 draft_length, token_streamer, stats, model_kwargs)
     tree_decoding = TreeDecoding(model, drafter, generation_config, logits_processor, stopping_criteria,
                                  num_drafts=num_drafts, draft_length=draft_length, lookup_tokens=lookup_tokens,
-                                 max_tree_nodes=max_tree_nodes, streamer=token_streamer, stats=stats)
+                                 num_lookup_drafts=num_lookup_drafts, max_tree_nodes=max_tree_nodes,
+                                 streamer=token_streamer, stats=stats)
     return tree_decoding(input_ids, model_kwargs["past_key_values"])
 
 
 def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,
-             max_tree_nodes: int | None = None, streamer=None, stats: SpecDiffStats | None = None, **kwargs):
+             num_lookup_drafts: int = DEFAULT_NUM_LOOKUP_DRAFTS, max_tree_nodes: int | None = None, streamer=None,
+             stats: SpecDiffStats | None = None, **kwargs):
     """`model.generate(*args, **kwargs)` with SpecDiff drafting: the short form, and the Hub `custom_generate` entry.
 
     Takes every `generate` argument, plus `drafter`, `num_drafts` (K), `draft_length` (None: adaptive),
-    `lookup_tokens` (a prompt-lookup branch in the tree; 0: none), `max_tree_nodes` (greedy tree size, lookup branch
-    included; None: sized each round by measured cost, at most `DEFAULT_MAX_TREE_NODES`), `streamer` and `stats`
-    (a `SpecDiffStats` to fill).
+    `lookup_tokens` (prompt-lookup branches in the tree; 0: none), `num_lookup_drafts` (how many), `max_tree_nodes`
+    (greedy tree size, lookup branches included; None: sized each round by measured cost, at most
+    `DEFAULT_MAX_TREE_NODES`), `streamer` and `stats` (a `SpecDiffStats` to fill).
     """
     if drafter is None:
         raise ValueError("Pass the drafter: generate(model, drafter, **inputs) or model.generate(..., drafter=drafter)")
@@ -727,7 +748,8 @@ def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int 
         kwargs["stopping_criteria"] = criteria
     return GenerationMixin.generate(model, *args, custom_generate=specdiff_generate, drafter=drafter,
                                     num_drafts=num_drafts, draft_length=draft_length, lookup_tokens=lookup_tokens,
-                                    max_tree_nodes=max_tree_nodes, token_streamer=streamer, specdiff_stats=stats,
+                                    num_lookup_drafts=num_lookup_drafts, max_tree_nodes=max_tree_nodes,
+                                    token_streamer=streamer, specdiff_stats=stats,
                                     **kwargs)
 
 

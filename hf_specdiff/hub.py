@@ -30,9 +30,10 @@ out = verifier.generate(**inputs, custom_generate="<this repo or folder>", trust
 ```
 
 Arguments beyond `generate`'s own: `drafter` (required), `num_drafts` (K, default 1), `draft_length`
-(default: adapted to measured acceptance), `lookup_tokens` (a prompt-lookup draft of up to this many tokens in
-each round's tree; default 0, none), `max_tree_nodes` (greedy tree size, lookup branch included; default: sized
-each round by measured cost), `streamer`, `stats` (a `SpecDiffStats` to fill). Batch size 1.
+(default: adapted to measured acceptance), `lookup_tokens` (prompt-lookup drafts of up to this many tokens in
+each round's tree; default 0, none), `num_lookup_drafts` (how many: the distinct continuations of the latest
+matches; default 4), `max_tree_nodes` (greedy tree size, lookup drafts included; default: sized each round by
+measured cost), `streamer`, `stats` (a `SpecDiffStats` to fill). Batch size 1.
 The verifier needs an attention implementation that takes a 4D mask (`sdpa` or `eager`) when K > 1 or
 `lookup_tokens` > 0.
 

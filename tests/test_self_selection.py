@@ -106,20 +106,24 @@ def test_self_selection_raises_tau_and_reports_it(trained):
     assert taus[8] > taus[1] > 1.0, taus
 
 
-def test_prompt_lookup_drafts_what_followed_the_latest_longest_match():
+def test_prompt_lookup_drafts_what_followed_the_latest_longest_matches():
     ids = torch.tensor([5, 6, 7, 1, 9, 6, 7, 2, 5, 6, 7])
-    assert decoding.prompt_lookup(ids, 3) == [1, 9, 6]  # the 3-gram "5 6 7" wins over the later 2-gram "6 7"
-    assert decoding.prompt_lookup(ids, 3, max_ngram=2) == [2, 5, 6]  # "6 7": its latest earlier occurrence
-    assert decoding.prompt_lookup(ids, 2, max_ngram=1) == [2, 5]
+    assert decoding.prompt_lookup(ids, 3) == [[1, 9, 6]]  # the 3-gram "5 6 7" wins over the later 2-gram "6 7"
+    assert decoding.prompt_lookup(ids, 3, num_drafts=4) == [[1, 9, 6]]  # it occurs once before
+    assert decoding.prompt_lookup(ids, 3, max_ngram=2) == [[2, 5, 6]]  # "6 7": its latest earlier occurrence
+    assert decoding.prompt_lookup(ids, 3, num_drafts=2, max_ngram=2) == [[2, 5, 6], [1, 9, 6]]  # latest first
+    assert decoding.prompt_lookup(ids, 2, max_ngram=1) == [[2, 5]]
     assert decoding.prompt_lookup(torch.tensor([1, 2, 3]), 4) == []
     assert decoding.prompt_lookup(torch.tensor([4]), 4) == []
+    repeats = torch.tensor([3, 4, 8, 3, 4, 8, 3, 5, 3])  # "3" is followed by "4" twice, then by "5"
+    assert decoding.prompt_lookup(repeats, 1, num_drafts=3) == [[5], [4]]  # distinct drafts only
 
 
-def test_fixed_draft_joins_the_tree():
-    tree = decoding.DraftTree.from_drafts(torch.tensor([[1, 2], [1, 3]]), fixed=[1, 2, 4])
-    assert tree.tokens.tolist() == [1, 2, 3, 4] and tree.parents == [-1, 0, 0, 1]
-    assert tree.draws[1] == [(4, 3, True)] and tree.fixed_only == {3}
-    assert [fixed for _, _, fixed in tree.draws[-1]] == [False, False, True]  # one draw per draft, in order
+def test_fixed_drafts_join_the_tree():
+    tree = decoding.DraftTree.from_drafts(torch.tensor([[1, 2], [1, 3]]), fixed=[[1, 2, 4], [6]])
+    assert tree.tokens.tolist() == [1, 2, 3, 4, 6] and tree.parents == [-1, 0, 0, 1, -1]
+    assert tree.draws[1] == [(4, 3, True)] and tree.fixed_only == {3, 4}
+    assert [fixed for _, _, fixed in tree.draws[-1]] == [False, False, True, True]  # one draw per draft, in order
 
 
 def test_prune_drafts_keeps_the_most_likely_prefixes():
@@ -181,16 +185,18 @@ def test_lookup_branch_greedy_equals_plain_and_adds_tokens(trained, arch, num_dr
     verifier, _ = trained(arch)
     drafter = tiny_drafter(verifier, block_size=16)  # untrained: the lookup branch carries the accepted tokens
     taus = {}
-    for lookup_tokens in (0, 10):
+    for lookup_tokens, num_lookup_drafts in ((0, 1), (10, 1), (10, 3)):
         stats = hf_specdiff.SpecDiffStats()
         for prompt in PROMPTS[:3].split(1):
             plain = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None)
             out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=40, do_sample=False,
                                        eos_token_id=None, num_drafts=num_drafts, lookup_tokens=lookup_tokens,
-                                       max_tree_nodes=16, stats=stats)  # a fixed tree: not sized by wall-clock
+                                       num_lookup_drafts=num_lookup_drafts, max_tree_nodes=16,
+                                       stats=stats)  # a fixed tree: not sized by wall-clock
             assert out.tolist() == plain.tolist()
-        taus[lookup_tokens] = stats.tau
-    assert taus[10] > taus[0], taus  # tiny random verifiers repeat themselves: the lookup branch gets accepted
+        taus[lookup_tokens, num_lookup_drafts] = stats.tau
+    assert taus[10, 1] > taus[0, 1], taus  # tiny random verifiers repeat themselves: the lookup branch gets accepted
+    assert taus[10, 3] > taus[0, 1], taus
 
 
 def test_a_lookup_branch_pruned_away_after_misses_comes_back_when_it_is_right(trained, monkeypatch):
@@ -202,10 +208,10 @@ def test_a_lookup_branch_pruned_away_after_misses_comes_back_when_it_is_right(tr
     plain = verifier.generate(prompt, max_new_tokens=60, do_sample=False, eos_token_id=None)[0].tolist()
     calls = []
 
-    def oracle(ids, num_tokens, max_ngram=3):  # the first 8 drafts wrong at their first token, then right
+    def oracle(ids, num_tokens, num_drafts=1, max_ngram=3):  # the first 8 drafts wrong at their first token, then right
         calls.append(1)
         future = plain[ids.shape[0]:ids.shape[0] + num_tokens]
-        return [(t + 1) % 96 for t in future] if len(calls) <= 8 else future
+        return [[(t + 1) % 96 for t in future] if len(calls) <= 8 else future]
 
     monkeypatch.setattr(decoding, "prompt_lookup", oracle)
     for nodes, seconds in ((0, 1.0), (1, 1.3), (10, 1.5)):  # a node is dear at first, the next ones cheap
@@ -253,6 +259,8 @@ def test_errors(trained):
         hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=4, num_drafts=2, max_tree_nodes=0)
     with pytest.raises(ValueError, match="lookup_tokens must be >= 0, got -1"):
         hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=4, lookup_tokens=-1)
+    with pytest.raises(ValueError, match="num_lookup_drafts must be >= 1, got 0"):
+        hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=4, lookup_tokens=4, num_lookup_drafts=0)
     with pytest.raises(ValueError, match="draft_length must be between 1 and the drafter's longest draft"):
         hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=4, draft_length=17)
     other = tiny_drafter(tiny_verifier("llama", vocab_size=128))
@@ -277,14 +285,15 @@ def small():
     return verifier, drafter, prompt, exact_first_two(verifier, prompt)
 
 
-def sample_pairs(verifier, drafter, prompt, num_drafts, stats=None, lookup_tokens=0, temperature=1.0):
+def sample_pairs(verifier, drafter, prompt, num_drafts, stats=None, lookup_tokens=0, temperature=1.0,
+                 num_lookup_drafts=1):
     torch.manual_seed(1)
     pairs = []
     for _ in range(SAMPLES):
         out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=3, do_sample=True, top_k=None,
                                    temperature=temperature,
                                    eos_token_id=None, num_drafts=num_drafts, draft_length=2, stats=stats,
-                                   lookup_tokens=lookup_tokens)
+                                   lookup_tokens=lookup_tokens, num_lookup_drafts=num_lookup_drafts)
         pairs.append(out[0, prompt.shape[1]: prompt.shape[1] + 2])
     return torch.stack(pairs)
 
@@ -306,7 +315,7 @@ def lookup_prompt(small):
     candidates = [torch.cat([prompt, torch.tensor([[u, t, prompt[0, -1]]])], dim=1)
                   for u in range(VOCAB) for t in range(VOCAB)]
     with torch.no_grad():
-        p_lookup = [float((verifier(c).logits[0, -1] / 2).softmax(-1)[decoding.prompt_lookup(c[0], 1)[0]])
+        p_lookup = [float((verifier(c).logits[0, -1] / 2).softmax(-1)[decoding.prompt_lookup(c[0], 1)[0][0]])
                     for c in candidates]
     best = min(range(len(candidates)), key=lambda i: abs(p_lookup[i] - 0.5))
     assert 0.1 < p_lookup[best] < 0.9
@@ -319,6 +328,36 @@ def test_sampling_with_lookup_branch_matches_target(small, lookup_prompt, num_dr
     verifier, drafter, _, _ = small
     prompt, exact = lookup_prompt
     pairs = sample_pairs(verifier, drafter, prompt, num_drafts, lookup_tokens=2, temperature=2.0)
+    assert chi_square_pvalue(pairs, exact) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def two_lookups_prompt(small):
+    """A prompt whose last token occurs twice before it, followed by different tokens: two lookup drafts, whose first
+    tokens the verifier at temperature 3 gives probabilities as near 1/2 each as it can."""
+    verifier, _, prompt, _ = small
+    last = int(prompt[0, -1])
+    candidates = torch.cat([prompt.expand(VOCAB ** 3, -1), torch.tensor(
+        [[u, t, last, s, last] for u in range(VOCAB) for t in range(VOCAB) for s in range(VOCAB)])], dim=1)
+    with torch.no_grad():
+        probs = (verifier(candidates).logits[:, -1] / 3).softmax(-1)
+    drafts = [decoding.prompt_lookup(c, 1, num_drafts=2) for c in candidates]
+    least = [min(float(p[d[0][0]]), float(p[d[1][0]])) if len(d) == 2 else 0.0 for p, d in zip(probs, drafts)]
+    best = max(range(len(candidates)), key=least.__getitem__)
+    assert least[best] > 0.15, least[best]
+    prompt = candidates[best:best + 1]
+    return prompt, exact_first_two(verifier, prompt, temperature=3.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("num_drafts", [0, 4])
+def test_sampling_with_two_lookup_drafts_matches_target(small, two_lookups_prompt, num_drafts, monkeypatch):
+    verifier, drafter, _, _ = small
+    prompt, exact = two_lookups_prompt
+    if not num_drafts:  # the drafter drafts nothing: every token comes from the lookup draws or the residual
+        monkeypatch.setattr(DraftLengthPolicy, "next_length", lambda self, allow_skip=False: 0)
+        num_drafts = 1
+    pairs = sample_pairs(verifier, drafter, prompt, num_drafts, lookup_tokens=2, temperature=3.0, num_lookup_drafts=2)
     assert chi_square_pvalue(pairs, exact) > 1e-3
 
 
