@@ -92,7 +92,7 @@ def render_card(folder, base_model: str, bench: dict | list[tuple[str, dict]] | 
              '                                       return_tensors="pt", return_dict=True)',
              f"out = verifier.generate(**inputs, assistant_model={assistant}, max_new_tokens=256)",
              *(["drafter.detach()  # removes the hooks that record the verifier's hidden states"] if layers else []),
-             "# SpecDiff-2 self-selection (K drafts and a prompt-lookup draft verified as one tree):",
+             "# SpecDiff-2 self-selection (K drafts and prompt-lookup drafts verified as one tree):",
              "# pip install hf_specdiff, then",
              "# out = hf_specdiff.generate(verifier, drafter, **inputs, num_drafts=4, lookup_tokens=10)",
              *(_DFLASH_USAGE if dflash else []), "```", ""]

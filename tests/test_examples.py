@@ -119,10 +119,15 @@ def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, 
 def test_tree_tau(models, tmp_path):
     out = run("tree_tau.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
               "--prompts", str(models / "prompts.jsonl"), "--categories", "qa", "--per-category", "2",
-              "--max-new-tokens", "16", "--fp32", "--out", str(tmp_path / "tau.json"))
-    result = json.loads((tmp_path / "tau.json").read_text())["results"]
+              "--max-new-tokens", "16", "--fp32", "--configs", "shipped,shipped:1,lookup-tree,hf-lookup",
+              "--out", str(tmp_path / "tau.json"))
+    saved = json.loads((tmp_path / "tau.json").read_text())
+    result = saved["results"]
     assert set(result) == {"qa", "overall"} and json.loads(out) == result
+    assert set(result["overall"]) == {"shipped", "shipped:1", "lookup-tree", "hf-lookup"}
     assert all(row["tokens"] == 32 and 1 <= row["tau"] <= 16 for row in result["overall"].values())
+    texts = {row["text"] for prompt in saved["prompts"] for key, row in prompt.items() if key != "category"}
+    assert len(saved["prompts"]) == 2 and len(texts) == 2  # fp32: every method writes each prompt's plain text
 
 
 def test_verifier_cost(models):

@@ -83,6 +83,8 @@ def test_drafter_is_exact_on_the_real_verifier(smollm2, conditioned):
         drafter.detach()
     assert hf_specdiff.generate(model, drafter, **inputs, max_new_tokens=12, do_sample=False,
                                 num_drafts=4).tolist() == plain.tolist()
+    assert hf_specdiff.generate(model, drafter, **inputs, max_new_tokens=12, do_sample=False, num_drafts=4,
+                                lookup_tokens=10).tolist() == plain.tolist()  # the chat template repeats: lookups
 
 
 @pytest.mark.slow
