@@ -350,13 +350,13 @@ def two_lookups_prompt(small):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("num_drafts", [0, 4])
-def test_sampling_with_two_lookup_drafts_matches_target(small, two_lookups_prompt, num_drafts, monkeypatch):
+@pytest.mark.parametrize("tree", ["lookup drafts only", "with K=4 drafter draws"])
+def test_sampling_with_two_lookup_drafts_matches_target(small, two_lookups_prompt, tree, monkeypatch):
     verifier, drafter, _, _ = small
     prompt, exact = two_lookups_prompt
-    if not num_drafts:  # the drafter drafts nothing: every token comes from the lookup draws or the residual
+    if tree == "lookup drafts only":  # every token comes from the lookup draws or the residual
         monkeypatch.setattr(DraftLengthPolicy, "next_length", lambda self, allow_skip=False: 0)
-        num_drafts = 1
+    num_drafts = 1 if tree == "lookup drafts only" else 4
     pairs = sample_pairs(verifier, drafter, prompt, num_drafts, lookup_tokens=2, temperature=3.0, num_lookup_drafts=2)
     assert chi_square_pvalue(pairs, exact) > 1e-3
 

@@ -666,7 +666,8 @@ def _linear_decoding(verifier, input_ids, logits_processor, stopping_criteria, g
 
 def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                       drafter=None, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,
-                      num_lookup_drafts: int = DEFAULT_NUM_LOOKUP_DRAFTS, max_tree_nodes: int | None = None, token_streamer=None,
+                      num_lookup_drafts: int = DEFAULT_NUM_LOOKUP_DRAFTS, max_tree_nodes: int | None = None,
+                      token_streamer=None,
                       specdiff_stats: SpecDiffStats | None = None, **model_kwargs):
     """A `custom_generate` callable: `model.generate(**inputs, custom_generate=specdiff_generate, drafter=...)`.
 
