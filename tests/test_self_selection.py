@@ -157,6 +157,52 @@ def test_tree_holds_at_most_max_tree_nodes_lookup_included(trained):
     assert max(query_lengths[1:]) == 6  # the budget is used
 
 
+def test_sampling_tree_holds_at_most_max_tree_nodes(trained):
+    verifier, drafter = trained("llama")
+    prompt = PROMPTS[:1].repeat(1, 3)  # four lookup drafts of 10 tokens and four drafter draws: far over 5 nodes
+    query_lengths = []
+    hook = verifier.register_forward_pre_hook(
+        lambda _, args, kwargs: query_lengths.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+    try:
+        torch.manual_seed(0)
+        hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=40, do_sample=True, eos_token_id=None,
+                             num_drafts=4, lookup_tokens=10, max_tree_nodes=5)
+    finally:
+        hook.remove()
+    assert max(query_lengths[1:]) <= 1 + 5 and query_lengths[0] <= prompt.shape[1] + 5  # the committed token + nodes
+
+
+def test_sampling_plan_takes_depths_by_expected_tokens_per_node():
+    class Linear:  # a round costs 1 + 0.1 per node
+        def predict(self, nodes):
+            return 1 + 0.1 * nodes
+
+    drafter_rates, lookup_rates = torch.tensor([0.5, 0.5, 0.5]), [torch.tensor([0.9, 0.9]), torch.tensor([0.0, 1.0])]
+    # without costs, as many as fit: the drafter's first depth (2 nodes) always, then the likeliest per node
+    assert decoding.sampling_plan(drafter_rates, 2, lookup_rates, None, max_nodes=4) == (1, [2, 0])
+    assert decoding.sampling_plan(drafter_rates, 2, lookup_rates, None, max_nodes=6) == (2, [2, 0])
+    # with costs: the drafter's second depth adds 0.25 expected tokens for 2 nodes, 0.2 of a round
+    assert decoding.sampling_plan(drafter_rates, 2, lookup_rates, Linear(), max_nodes=64) == (1, [2, 0])
+    # a drafter that may not draft takes no depth; a lookup draft that is never accepted takes none
+    assert decoding.sampling_plan(torch.tensor([]), 2, lookup_rates, Linear(), max_nodes=64) == (0, [2, 0])
+    assert decoding.sampling_plan(torch.tensor([]), 2, [torch.tensor([0.0])], Linear(), max_nodes=64) == (0, [0])
+
+
+def test_target_scores_process_each_row_with_its_path_when_read():
+    from transformers.generation.logits_process import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
+
+    calls = []
+    penalty = RepetitionPenaltyLogitsProcessor(2.0)  # depends on each row's context
+    processor = LogitsProcessorList([lambda ids, scores: calls.append(ids.shape[0]) or penalty(ids, scores)])
+    tree = decoding.DraftTree.from_drafts([[1, 2, 3], [1, 4]])
+    input_ids, logits = torch.tensor([[5, 6]]), torch.randn(1 + len(tree), 8)
+    scores = decoding.TargetScores(logits, input_ids, tree, tree.tokens, processor)
+    expected = penalty(torch.tensor([[5, 6, 1, 2]]), logits[2][None].clone())[0]  # node 1: the path 1, 2
+    assert torch.equal(scores[2], expected) and torch.equal(scores[2], expected)
+    assert calls == [1]  # one row processed, once
+    assert torch.equal(scores[0], penalty(input_ids, logits[0][None].clone())[0])
+
+
 def test_tree_forwards_attend_over_grouped_heads_and_restore_the_setting(trained, monkeypatch):
     verifier, drafter = trained("llama")  # 4 query heads over 2 key/value heads
     monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
@@ -293,7 +339,8 @@ def sample_pairs(verifier, drafter, prompt, num_drafts, stats=None, lookup_token
         out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=3, do_sample=True, top_k=None,
                                    temperature=temperature,
                                    eos_token_id=None, num_drafts=num_drafts, draft_length=2, stats=stats,
-                                   lookup_tokens=lookup_tokens, num_lookup_drafts=num_lookup_drafts)
+                                   lookup_tokens=lookup_tokens, num_lookup_drafts=num_lookup_drafts,
+                                   max_tree_nodes=64)  # the whole tree, whatever rounds cost here
         pairs.append(out[0, prompt.shape[1]: prompt.shape[1] + 2])
     return torch.stack(pairs)
 

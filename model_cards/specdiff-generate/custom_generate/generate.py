@@ -26,6 +26,8 @@ Why the output is exactly the verifier's:
 - A prompt-lookup draft (`lookup_tokens`; `num_lookup_drafts` of them) is a function of the committed tokens alone,
   so at each node it passes through it is one more independent draw, from a point mass: accepted with probability
   p(x) under the current target, and on rejection the target loses x (the same rule with q = one-hot(x)).
+- How long the draws are and how much of each lookup draft the tree keeps (`sampling_plan`) is decided from earlier
+  rounds before anything is drawn, and applies to every draw alike: no draw is kept or cut for its own tokens.
 
 This file imports only torch and transformers, so it also ships as a Hub `custom_generate/generate.py`.
 """
@@ -44,7 +46,7 @@ from transformers.generation.stopping_criteria import StopStringCriteria, Stoppi
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 
-# Greedy trees verify at most this many nodes unless max_tree_nodes says otherwise: with the last committed token, a
+# Trees verify at most this many nodes unless max_tree_nodes says otherwise: with the last committed token, a
 # verifier forward over 16 positions. What that costs depends on the hardware (docs/tuning.md; measured in bf16 on 2
 # CPU cores: 1.38x a 1-token forward with AVX512-BF16, 6x with AVX2 only), so by default each round sizes its tree
 # by measured round costs (`tree_budget`). On a GPU a larger tree is almost free: pass a larger max_tree_nodes.
@@ -253,6 +255,28 @@ def tree_budget(probs: list[float], costs, max_nodes: int) -> int:
     return int(sizes[((1 + gains.cumsum(0)) / costs.predict(sizes.float()).double()).argmax()])
 
 
+def sampling_plan(draft_rates: torch.Tensor, num_drafts: int, lookup_rates: list[torch.Tensor], costs,
+                  max_nodes: int) -> tuple[int, list[int]]:
+    """For a sampling round, decided before anything is drawn (cutting a draw by its own tokens would bias it): how
+    many tokens each of the `num_drafts` drafter draws gets and how deep each lookup draft is kept. `draft_rates[i]`
+    and `lookup_rates[r][i]` are the measured rates of acceptance at depth i + 1 once depth i was accepted; a drafter
+    depth costs `num_drafts` nodes, a lookup depth one. Depths are taken by expected tokens per node, as many as
+    maximise expected tokens over `costs.predict(nodes)` (`RoundCosts`) within `max_nodes`; without `costs`, as
+    many as fit. The drafter's first depth, if it may draft, is always taken: its acceptance keeps being measured."""
+    units = [(float(p) / num_drafts, num_drafts, -1) for p in draft_rates.cumprod(0)]
+    for rank, rates in enumerate(lookup_rates):
+        units += [(float(p), 1, rank) for p in rates.cumprod(0)]
+    first = 1 if draft_rates.numel() else 0
+    units = units[:first] + sorted(units[first:], key=lambda unit: -unit[0])  # stable: depths stay in order
+    nodes = torch.tensor([0] + [n for _, n, _ in units]).cumsum(0)
+    gains = torch.tensor([0.0] + [gain * n for gain, n, _ in units], dtype=torch.float64).cumsum(0)
+    value = (1 + gains) / costs.predict(nodes.float()).double() if costs is not None else nodes.double()
+    value[nodes > max_nodes] = float("-inf")
+    count = first + int(value[first:].argmax())
+    chosen = [source for _, _, source in units[:count]]
+    return chosen.count(-1), [chosen.count(rank) for rank in range(len(lookup_rates))]
+
+
 def sample_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
     """k independent draws [k, g] from the product of the marginals softmax(scores) [g, V]."""
     probs = scores.float().softmax(-1)
@@ -285,12 +309,12 @@ def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return rest / total if total > 0 else p
 
 
-def accept_sampling(tree: DraftTree, target_scores: torch.Tensor, draft_probs: torch.Tensor):
+def accept_sampling(tree: DraftTree, target_scores, draft_probs: torch.Tensor):
     """Multi-candidate speculative sampling down the tree.
 
-    `target_scores` [1 + N, V]: the verifier's processed logits at the last committed token (row 0) and at each
-    node (row 1 + n). `draft_probs` [g, V]: the drafts' per-depth distributions; a fixed draft (prompt lookup) is a
-    draw from a point mass. Returns (accepted nodes, next token).
+    `target_scores` ([1 + N, V] or `TargetScores`): the verifier's processed logits at the last committed token (row
+    0) and at each node (row 1 + n). `draft_probs` [g, V]: the drafts' per-depth distributions; a fixed draft (prompt
+    lookup) is a draw from a point mass. Returns (accepted nodes, next token).
     """
     node, depth = -1, 0
     p = target_scores[0].float().softmax(-1)
@@ -306,7 +330,7 @@ def accept_sampling(tree: DraftTree, target_scores: torch.Tensor, draft_probs: t
             return tree.path(node), int(torch.multinomial(p, 1))
 
 
-def accept_greedy(tree: DraftTree, target_scores: torch.Tensor):
+def accept_greedy(tree: DraftTree, target_scores):
     """Follow the verifier's argmax down the tree. Returns (accepted nodes, bonus token)."""
     node = -1
     while True:
@@ -426,6 +450,25 @@ def _stop_index(input_ids: torch.Tensor, start: int, stopping_criteria) -> int |
     return None
 
 
+class TargetScores:
+    """The verifier's logits at the last committed token (row 0) and at each tree node (row 1 + n), processed by
+    the logits processors row by row when first read. Acceptance reads only the rows on the accepted path, and a
+    processor such as top-p sorts the whole vocabulary, so a round pays for about tau rows, not for every node."""
+
+    def __init__(self, logits: torch.Tensor, input_ids: torch.LongTensor, tree: DraftTree, tokens: torch.Tensor,
+                 logits_processor):
+        self.logits, self.input_ids, self.tree, self.tokens = logits, input_ids, tree, tokens
+        self.logits_processor = logits_processor
+        self.rows: dict[int, torch.Tensor] = {}
+
+    def __getitem__(self, row: int) -> torch.Tensor:
+        if row not in self.rows:
+            path = self.tokens[self.tree.path(row - 1)] if row else self.tokens[:0]
+            context = torch.cat([self.input_ids, path[None]], dim=1)
+            self.rows[row] = self.logits_processor(context, self.logits[row][None])[0]
+        return self.rows[row]
+
+
 @dataclass
 class TreeRound:
     """One round of the tree loop: what was drafted, and where the verifier's forward starts."""
@@ -497,20 +540,31 @@ class TreeDecoding:
             num_tokens = 0  # the verifier reads the prompt first
         lookups = prompt_lookup(input_ids[0].cpu(), min(self.lookup_tokens, room), self.num_lookup_drafts) \
             if self.lookup_tokens and room > 0 else []
+        kept = lookups
+        if self.do_sample:
+            num_tokens, kept = self._plan_sampling(num_tokens, lookups)
         drafts, draft_scores = [], None
         if num_tokens > 0:
             _, draft_scores = self.drafter.draft(input_ids.to(self.drafter.device), self.drafter_cache, num_tokens,
                                                  self.logits_processor, num_steps=1)
             self.stats.drafter_forwards += 1
             draft_scores = draft_scores.to(input_ids.device)
-            if self.do_sample:  # the draws of sampling stay whole
+            if self.do_sample:
                 drafts = sample_drafts(draft_scores, self.num_drafts)
-        kept = lookups
         if not self.do_sample:  # a node costs verifier compute: keep the nodes most likely to be accepted
             kept, drafts = self._prune(lookups, draft_scores)
         tree = DraftTree.from_drafts(drafts, fixed=kept)
         return TreeRound(input_ids[:, past:], past, lookups, drafts, draft_scores, tree,
                          tree.tokens.to(input_ids.device), started)
+
+    def _plan_sampling(self, num_tokens: int, lookups: list[list[int]]) -> tuple[int, list[list[int]]]:
+        """Sampling: the drafter's draft length (at most `num_tokens`) and the lookup drafts cut to their depths
+        (`sampling_plan`), from measured acceptance and round costs."""
+        lookup_rates = [rates.rates()[:len(row)] for row, rates in zip(lookups, self.lookup_acceptance)]
+        num_tokens, depths = sampling_plan(self.length_policy.acceptance.rates()[:num_tokens], self.num_drafts,
+                                           lookup_rates, None if self.max_tree_nodes else self.drafter.tree_round_costs,
+                                           self.max_tree_nodes or DEFAULT_MAX_TREE_NODES)
+        return num_tokens, [row[:depth] for row, depth in zip(lookups, depths)]
 
     def _prune(self, lookups: list[list[int]], draft_scores: torch.Tensor | None) -> tuple[list, list]:
         """Greedy: the K likeliest drafts under the marginals and the lookup drafts, cut to the best tree nodes."""
@@ -547,22 +601,14 @@ class TreeDecoding:
                 **({"output_hidden_states": self.drafter.verifier_hidden_states} if self.conditioned else {}),
             )
 
-    def target_scores(self, input_ids: torch.LongTensor, logits: torch.Tensor, round_: TreeRound) -> torch.Tensor:
-        """The verifier's processed logits [1 + N, V]: the last committed token, then each node, each processed with
-        its own context (the committed tokens and the node's path), one batch per depth."""
+    def target_scores(self, input_ids: torch.LongTensor, logits: torch.Tensor, round_: TreeRound):
+        """The verifier's processed logits: row 0 at the last committed token, row 1 + n at node n, each processed
+        with its own context (the committed tokens and the node's path) when first read (`TargetScores`)."""
         if not len(self.logits_processor):
             return logits
-        tree, tokens = round_.tree, round_.tokens
-        scores = torch.empty_like(logits)
-        scores[0] = self.logits_processor(input_ids, logits[:1])[0]
-        for depth in range(1, int(tree.depths.max()) + 1 if len(tree) else 1):
-            nodes = (tree.depths == depth).nonzero().flatten()
-            paths = torch.stack([tokens[tree.path(n)] for n in nodes.tolist()])
-            context = torch.cat([input_ids.expand(len(nodes), -1), paths], dim=1)
-            scores[1 + nodes] = self.logits_processor(context, logits[1 + nodes])
-        return scores
+        return TargetScores(logits, input_ids, round_.tree, round_.tokens, self.logits_processor)
 
-    def accept(self, round_: TreeRound, target_scores: torch.Tensor) -> tuple[list[int], int]:
+    def accept(self, round_: TreeRound, target_scores) -> tuple[list[int], int]:
         """The accepted nodes and the next token: the argmax walk, or multi-candidate speculative sampling."""
         if not self.do_sample:
             return accept_greedy(round_.tree, target_scores)
@@ -576,9 +622,9 @@ class TreeDecoding:
         if round_.draft_scores is not None:  # the drafter's positions that were verified (pruning may cut the deepest)
             accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
             self.length_policy.update(max(map(len, round_.drafts), default=0), accepted)
-        if round_.lookups and not self.do_sample:
+        if round_.lookups:
             self.learn_lookup(round_.lookups, tree.tokens[path].tolist() + [next_token])
-        if not self.do_sample and round_.committed.shape[1] == 1:  # a round that read no prompt
+        if round_.committed.shape[1] == 1:  # a round that read no prompt
             self.drafter.tree_round_costs.record(len(tree), time.perf_counter() - round_.started)
 
     def learn_lookup(self, lookups: list[list[int]], committed: list[int]):
@@ -602,7 +648,7 @@ class TreeDecoding:
                                                     features[read_positions.to(features.device)])
 
     def commit(self, input_ids: torch.LongTensor, round_: TreeRound, path: list[int], next_token: int,
-               target_scores: torch.Tensor) -> tuple[torch.LongTensor, bool]:
+               target_scores) -> tuple[torch.LongTensor, bool]:
         """Append the accepted path and the next token, cut where a stopping criterion fires, stream them."""
         tokens = round_.tokens
         start = input_ids.shape[1]
@@ -678,11 +724,12 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
         lookup_tokens: if > 0, each round's tree also holds prompt-lookup drafts of up to this many tokens (what
             followed earlier matches of the context's last 1-3 tokens); runs the tree loop.
         num_lookup_drafts: how many lookup drafts (distinct continuations of the latest matches) a tree holds.
-        max_tree_nodes: greedy self-selection verifies this many tree nodes per round, lookup branch included:
-            the prefixes most likely to be accepted, drafter nodes by the drafter's marginals, lookup nodes by the
-            lookup draft's measured acceptance at each depth. `None`: each round picks how many (0 to
-            `DEFAULT_MAX_TREE_NODES`) from those probabilities and the measured cost of a round on this machine
-            (`tree_budget`). Sampling verifies the K draws and the lookup draft whole.
+        max_tree_nodes: a tree verifies this many nodes per round, lookup branches included. Greedy keeps the
+            prefixes most likely to be accepted, drafter nodes by the drafter's marginals, lookup nodes by each
+            lookup draft's measured acceptance at each depth; sampling sizes its tree before drawing
+            (`sampling_plan`): the length of the K draws and the depth kept of each lookup draft, by measured
+            acceptance. `None`: each round picks how many (0 to `DEFAULT_MAX_TREE_NODES`) from those
+            probabilities and the measured cost of a round on this machine (`tree_budget`, `sampling_plan`).
         token_streamer: a streamer (`put`/`end`), since transformers does not forward `streamer` to custom loops;
             like `generate`, it gets the prompt first, then the new tokens.
         specdiff_stats: a `SpecDiffStats` to fill; the last run's stats are also left on `drafter.last_stats`.
@@ -733,7 +780,7 @@ def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int 
 
     Takes every `generate` argument, plus `drafter`, `num_drafts` (K), `draft_length` (None: adaptive),
     `lookup_tokens` (prompt-lookup branches in the tree; 0: none), `num_lookup_drafts` (how many), `max_tree_nodes`
-    (greedy tree size, lookup branches included; None: sized each round by measured cost, at most
+    (tree size, lookup branches included; None: sized each round by measured cost, at most
     `DEFAULT_MAX_TREE_NODES`), `streamer` and `stats` (a `SpecDiffStats` to fill).
     """
     if drafter is None:
