@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 
 from .decoding import DEFAULT_NUM_LOOKUP_DRAFTS, SpecDiffStats, generate
@@ -109,7 +110,7 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
               prompt_lookup_tokens: int = 10, with_lookup: bool = False, only: list[str] | None = None,
               records_file=None, run_info: dict | None = None, progress: bool = True,
               threads: int | None = None, repeats: int = 1,
-              lookup_drafts: tuple[int, ...] = (DEFAULT_NUM_LOOKUP_DRAFTS,)) -> dict:
+              lookup_drafts: tuple[int, ...] = (DEFAULT_NUM_LOOKUP_DRAFTS,), sampling: dict | None = None) -> dict:
     """Run every available method on every prompt (interleaved) and return per-category and overall results.
 
     `drafter` is the standalone (token-only) SpecDiff-2 drafter, `conditioned_drafter` one that reads the verifier's
@@ -123,7 +124,9 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     there, provided the methods, prompts and `run_info` (anything else a resumed run must share, such as the
     drafter paths) are the same. `threads` sets torch's thread count for the run; the caller's count is restored
     on return. `repeats` > 1 runs each prompt that many times through every method (the order reversed every other
-    time) and keeps each method's fastest run: timing noise from other work on the machine only ever adds time."""
+    time) and keeps each method's fastest run: timing noise from other work on the machine only ever adds time.
+    `sampling` (e.g. `{"temperature": 0.7, "top_p": 0.9}`) samples instead of greedy decoding, every method of a
+    prompt from the same seed; sampled texts differ between methods, so no exact-match rate is reported."""
     methods = bench_methods(drafter, mdlm_drafter, ar_drafter, conditioned_drafter, num_drafts, prompt_lookup_tokens,
                             with_lookup, dflash_drafter, lookup_drafts)
     if only is not None:
@@ -134,7 +137,7 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     settings = {"methods": list(methods), "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
-                **({"repeats": repeats} if repeats > 1 else {}),
+                **({"repeats": repeats} if repeats > 1 else {}), **({"sampling": sampling} if sampling else {}),
                 "prompt_lookup_tokens": prompt_lookup_tokens, "prompts": _fingerprint(prompts), **(run_info or {})}
     records, done = _resume(records_file, settings)
     drafters = [m for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter, dflash_drafter) if m is not None]
@@ -146,7 +149,8 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
         try:
             for index, item in enumerate(tqdm(prompts[done:], desc="bench", initial=done, total=len(prompts),
                                               disable=not progress), start=done):
-                mine = _run_prompt(verifier, tokenizer, item, methods, max_new_tokens, timers, repeats)
+                mine = _run_prompt(verifier, tokenizer, item, methods, max_new_tokens, timers, repeats,
+                                   sampling and dict(sampling, seed=index))
                 records += mine
                 if records_file is not None:
                     with open(records_file, "a") as f:
@@ -172,26 +176,33 @@ def by_kind(drafters: list) -> dict:
 
 
 def _run_prompt(verifier, tokenizer, item: dict, methods: dict, max_new_tokens: int, timers: dict,
-                repeats: int = 1) -> list[dict]:
+                repeats: int = 1, sampling: dict | None = None) -> list[dict]:
     """One prompt through every method in turn, `repeats` times (in reverse order every other time): a record each
-    (tokens, seconds, forwards, acceptance, exactness against plain), from the method's fastest run."""
+    (tokens, seconds, forwards, acceptance, exactness against plain; None when sampling), from the method's fastest
+    run."""
     inputs = tokenizer.apply_chat_template([{"role": "user", "content": item["prompt"]}],
                                            add_generation_prompt=True, return_tensors="pt", return_dict=True)
     inputs = {k: v.to(verifier.device) for k, v in inputs.items()}
     fastest = {}
     for repeat in range(repeats):
         for name in list(methods)[:: 1 if repeat % 2 == 0 else -1]:
-            record = _run_method(verifier, inputs, dict(methods[name]), max_new_tokens, timers)
+            record = _run_method(verifier, inputs, dict(methods[name]), max_new_tokens, timers, sampling)
             if name not in fastest or record["seconds"] < fastest[name]["seconds"]:
                 fastest[name] = record
     reference = fastest["plain"]["output"]
     return [{"category": item["category"], "method": name, **{k: v for k, v in fastest[name].items() if k != "output"},
-             "exact": fastest[name]["output"] == reference} for name in methods]
+             "exact": None if sampling else fastest[name]["output"] == reference} for name in methods]
 
 
-def _run_method(verifier, inputs: dict, options: dict, max_new_tokens: int, timers: dict) -> dict:
-    """One generation: its output tokens, seconds, verifier and drafter forwards and the drafts' acceptance."""
+def _run_method(verifier, inputs: dict, options: dict, max_new_tokens: int, timers: dict,
+                sampling: dict | None = None) -> dict:
+    """One generation: its output tokens, seconds, verifier and drafter forwards and the drafts' acceptance.
+    `sampling`: sampling options and the `seed` to draw from; None: greedy."""
     stats = SpecDiffStats()
+    sampling = dict(sampling or {})
+    if sampling:
+        torch.manual_seed(sampling.pop("seed"))
+    options = dict(options, do_sample=bool(sampling), **sampling)
     verifier_timer = timers[id(verifier)]
     drafter_timer = timers.get(id(options.get("specdiff", options.get("assistant_model"))))
     for timer in (verifier_timer, drafter_timer):
@@ -199,8 +210,8 @@ def _run_method(verifier, inputs: dict, options: dict, max_new_tokens: int, time
             timer.reset()
     start = time.perf_counter()
     if "specdiff" in options:
-        out = generate(verifier, options.pop("specdiff"), **inputs, max_new_tokens=max_new_tokens,
-                       do_sample=False, stats=stats, **options)
+        out = generate(verifier, options.pop("specdiff"), **inputs, max_new_tokens=max_new_tokens, stats=stats,
+                       **options)
     else:
         out = _assisted_generate(verifier, inputs, max_new_tokens, options)
     seconds = time.perf_counter() - start
@@ -218,7 +229,7 @@ def _assisted_generate(verifier, inputs, max_new_tokens, options):
     if attach:
         options["assistant_model"].attach(verifier)
     try:
-        return verifier.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, **options)
+        return verifier.generate(**inputs, max_new_tokens=max_new_tokens, **options)
     finally:
         if attach:
             options["assistant_model"].detach()
@@ -264,7 +275,8 @@ def summarize(records: list[dict], methods: list[str]) -> dict:
             table[category][method] = {
                 "tok_s": _rate(mine), "speedup": _rate(mine) / plain_rate if plain_rate else None,
                 "tau": sum(r["tokens"] for r in mine) / max(sum(r["forwards"] for r in mine), 1),
-                "exact_match": sum(r["exact"] for r in mine) / len(mine), "prompts": len(mine),
+                "exact_match": None if any(r["exact"] is None for r in mine) else
+                sum(r["exact"] for r in mine) / len(mine), "prompts": len(mine),
                 "acceptance_by_position": [a / d for a, d in zip(accepted, drafted) if d],
                 "verifier_ms_per_forward": verifier_ms, "drafter_ms_per_forward": drafter_ms,
                 "drafter_cost": drafter_ms / verifier_ms if drafter_ms is not None and verifier_ms else None,
@@ -288,11 +300,12 @@ def _sum_lists(lists):
 
 
 def markdown_table(summary: dict) -> str:
-    """Speed-up (tau, exact-match rate) per method and category."""
+    """Speed-up (tau, exact-match rate when greedy) per method and category."""
     methods, results = summary["methods"], summary["results"]
     lines = ["| category | " + " | ".join(methods) + " |", "|---" * (len(methods) + 1) + "|"]
     for category, row in results.items():
-        cells = [f"{row[m]['speedup']:.2f}x (tau {row[m]['tau']:.2f}, exact {row[m]['exact_match']:.0%})"
+        cells = [f"{row[m]['speedup']:.2f}x (tau {row[m]['tau']:.2f}"
+                 + (f", exact {row[m]['exact_match']:.0%})" if row[m]["exact_match"] is not None else ")")
                  for m in methods]
         lines.append(f"| {category} | " + " | ".join(cells) + " |")
     overall = results["overall"]

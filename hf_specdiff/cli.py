@@ -116,7 +116,8 @@ def cmd_bench(args):
     from .shipped import SHIPPED_DRAFTERS, shipped_drafter_path
     from .verifiers import load_verifier
 
-    prompts = read_spec_bench(args.prompts, args.per_category)  # a bad prompts file fails before any model loads
+    prompts = read_spec_bench(args.prompts, args.per_category)  # bad arguments fail before any model loads
+    sampling = _sampling(args)
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     run_info = {k: settings[k] for k in ("verifier", "drafter", "compare_drafter", "mdlm_drafter", "ar_drafter",
                                          "dtype", "drafter_dtype", "threads")}
@@ -137,10 +138,21 @@ def cmd_bench(args):
                         lookup_drafts=tuple(int(n) for n in args.num_lookup_drafts.split(","))
                         if args.num_lookup_drafts else (DEFAULT_NUM_LOOKUP_DRAFTS,),
                         records_file=Path(args.out) / "records.jsonl", run_info=run_info, threads=args.threads,
-                        repeats=args.repeats)
+                        repeats=args.repeats, sampling=sampling)
     summary["settings"] = settings
     print(markdown_table(summary))
     save(summary, args.out)
+
+
+def _sampling(args) -> dict | None:
+    """bench's sampling options from --temperature/--top-p/--top-k (None: greedy)."""
+    if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
+        raise ValueError("--temperature must be >= 0, --top-p in (0, 1] and --top-k >= 0")
+    if args.temperature == 0:
+        if args.top_p != 1.0 or args.top_k:
+            raise ValueError("--top-p and --top-k take effect only when sampling: pass --temperature > 0 too")
+        return None
+    return {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k or None}
 
 
 def cmd_card(args):
@@ -314,6 +326,11 @@ def _bench_parser(sub):
     p.add_argument("--repeats", type=int, default=1,
                    help="run each prompt this many times through every method (order reversed every other time) and "
                         "keep each method's fastest run: less timing noise on a shared machine")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="0: greedy (default); > 0: sample at this temperature, every method of a prompt from the "
+                        "same seed (no exact-match rate: sampled texts differ)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's top-p, with --temperature")
+    p.add_argument("--top-k", type=int, default=0, help="top-k sampling (0: off), with --temperature")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
     p.add_argument("--drafter-dtype", default="same", choices=["same", "bf16", "fp32"],
                    help="the drafters' dtype (same: the verifier's); an fp32 drafter beside a bf16 verifier drafts "

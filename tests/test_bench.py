@@ -100,8 +100,8 @@ def test_bench_repeats_alternate_the_order_and_keep_each_methods_fastest_run(tmp
     verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
     ran, real_run = [], bench._run_method
 
-    def slow_first_runs(verifier, inputs, options, max_new_tokens, timers):
-        record = real_run(verifier, inputs, options, max_new_tokens, timers)
+    def slow_first_runs(verifier, inputs, options, max_new_tokens, timers, sampling):
+        record = real_run(verifier, inputs, options, max_new_tokens, timers, sampling)
         ran.append("plain" if not options else "lookup")
         record["seconds"] = 10.0 - len(ran) if ran[-1] == "plain" else 1.0 + len(ran)  # plain: later is faster
         return record
@@ -114,6 +114,33 @@ def test_bench_repeats_alternate_the_order_and_keep_each_methods_fastest_run(tmp
     assert lookup["exact"] and summary["results"]["overall"]["prompt lookup"]["speedup"] == pytest.approx(5 / 3)
     with pytest.raises(ValueError, match="repeats must be at least 1"):
         benchmark(verifier, tokenizer, _questions(tmp_path, 1), max_new_tokens=8, repeats=0, progress=False)
+
+
+def test_bench_samples_every_method_from_the_same_seed(tmp_path, monkeypatch):
+    import hf_specdiff.bench as bench
+
+    verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
+    drafter = tiny_drafter(verifier, block_size=8)
+    runs, real_run = [], bench._run_method
+
+    def first_draws(verifier, inputs, options, max_new_tokens, timers, sampling):
+        record = real_run(verifier, inputs, options, max_new_tokens, timers, sampling)
+        runs.append((sampling, record["output"]))
+        return record
+
+    monkeypatch.setattr(bench, "_run_method", first_draws)
+    sampling = {"temperature": 0.7, "top_p": 0.9}
+    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 2), drafter=drafter, num_drafts=(4,),
+                        max_new_tokens=8, only=["SpecDiff-2 (K=4)"], sampling=sampling, progress=False)
+    assert [s for s, _ in runs] == [dict(sampling, seed=0)] * 2 + [dict(sampling, seed=1)] * 2
+    torch.manual_seed(1)  # the second prompt's plain run, repeated by hand, draws the same tokens
+    inputs = tokenizer.apply_chat_template([{"role": "user", "content": "t6 t9 t21 t7"}], add_generation_prompt=True,
+                                           return_tensors="pt", return_dict=True)
+    again = verifier.generate(**inputs, max_new_tokens=8, do_sample=True, temperature=0.7, top_p=0.9)
+    assert again[0, inputs["input_ids"].shape[1]:].tolist() == runs[2][1]
+    overall = summary["results"]["overall"]
+    assert overall["SpecDiff-2 (K=4)"]["exact_match"] is None and overall["SpecDiff-2 (K=4)"]["tok_s"] > 0
+    assert "exact" not in bench.markdown_table(summary)
 
 
 def test_bench_resumes_after_a_crash_without_redoing_finished_prompts(tmp_path):

@@ -165,6 +165,12 @@ def test_commands_fail_on_bad_files_before_loading_models(tmp_path, capsys):
     # a verifier path that does not exist: had the command loaded it first, it would fail on that instead
     assert main(["bench", "--prompts", str(tmp_path / "missing.jsonl"), "--verifier", str(tmp_path / "nothing")]) == 2
     assert "no prompts file at" in capsys.readouterr().err
+    prompts = tmp_path / "question.jsonl"
+    prompts.write_text('{"category": "qa", "turns": ["hi"]}\n')
+    assert main(["bench", "--prompts", str(prompts), "--top-p", "0.9", "--verifier", str(tmp_path / "nothing")]) == 2
+    assert "--top-p and --top-k take effect only when sampling" in capsys.readouterr().err
+    assert main(["bench", "--prompts", str(prompts), "--temperature", "-1", "--verifier", str(tmp_path / "x")]) == 2
+    assert "--temperature must be >= 0" in capsys.readouterr().err
     tiny_drafter(tiny_verifier("llama")).save_pretrained(tmp_path / "drafter")
     (tmp_path / "drafter" / "model.safetensors").unlink()
     assert main(["demo", "--drafter", str(tmp_path / "drafter"), "--verifier", str(tmp_path / "nothing")]) == 2
