@@ -4,9 +4,10 @@
 #      transformers' loop (drop-in) and as the shipped method (K=4 + lookup), beside prompt lookup;
 #   2. bench/: the headline at the card's setting (10 per category, 256 new tokens): the shipped method against plain
 #      and prompt lookup;
-#   3. the card rendered from both.
+#   3. bench-sampling/: as 1, sampling at temperature 0.7, top-p 0.9 (every method of a prompt from the same seed);
+#   4. the card rendered from the three.
 # bf16, 2 threads, one process per bench, methods interleaved per prompt. Resumable: both benches keep each finished
-# prompt (delete a folder to measure it again). About 20 + 90 minutes on a 2-core CPU.
+# prompt (delete a folder to measure it again). About 20 + 90 + 20 minutes on a 2-core CPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CARD=${CARD:-model_cards/specdiff-smollm2-135m-instruct}
@@ -17,7 +18,12 @@ hf-specdiff bench --prompts $SPEC_BENCH --per-category 2 --max-new-tokens 128 --
     --method "SpecDiff-2 conditioned (K=4) + lookup" --out $CARD/bench-ablations
 hf-specdiff bench --prompts $SPEC_BENCH --per-category 10 --max-new-tokens 256 --drafter $CARD --num-drafts 4 \
     --with-lookup --method "prompt lookup" --method "SpecDiff-2 conditioned (K=4) + lookup" --out $CARD/bench
+hf-specdiff bench --prompts $SPEC_BENCH --per-category 2 --max-new-tokens 128 --drafter $CARD --num-drafts 1,4 \
+    --with-lookup --method "prompt lookup" --method "SpecDiff-2 conditioned drop-in" \
+    --method "SpecDiff-2 conditioned (K=1)" --method "SpecDiff-2 conditioned (K=4)" \
+    --method "SpecDiff-2 conditioned (K=4) + lookup" --temperature 0.7 --top-p 0.9 --out $CARD/bench-sampling
 # its prompts: Magpie requests the verifier wrote itself, and the builder's, which draw on GSM8K
 hf-specdiff card $CARD --base-model HuggingFaceTB/SmolLM2-135M-Instruct --dataset openai/gsm8k \
     --bench $CARD/bench/results.json --bench $CARD/bench-ablations/results.json \
+    --bench $CARD/bench-sampling/results.json \
     --reproduce "bash examples/smollm2_v3.sh && bash examples/smollm2_v3_continue.sh && bash examples/smollm2_ship_v3.sh"

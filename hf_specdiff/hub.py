@@ -98,9 +98,12 @@ def render_card(folder, base_model: str, bench: dict | list[tuple[str, dict]] | 
              *(_DFLASH_USAGE if dflash else []), "```", ""]
     benches = [("Benchmark", bench)] if isinstance(bench, dict) else list(bench or [])
     for title, run in benches:
-        lines += [f"## {title}", "", "Spec-Bench, speed-up over plain `generate` (tau = tokens per verifier forward, "
-                  "exact = share of outputs identical to plain greedy):", "", markdown_table(run), ""]
         settings = run.get("settings", {})
+        legend = (f"sampling at temperature {settings['temperature']}, top-p {settings.get('top_p', 1.0)}, every "
+                  "method of a prompt from the same seed" if settings.get("temperature") else
+                  "exact = share of outputs identical to plain greedy")
+        lines += [f"## {title}", "", "Spec-Bench, speed-up over plain `generate` (tau = tokens per verifier forward; "
+                  f"{legend}):", "", markdown_table(run), ""]
         if settings:
             lines += [f"Settings: {', '.join(f'{k}={v}' for k, v in settings.items() if k not in ('out',))}.", ""]
     if recipe is not None:

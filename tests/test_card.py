@@ -21,8 +21,19 @@ def test_card_validate_and_push_dry_run(tmp_path, capsys):
     card = (folder / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: transformers\npipeline_tag: text-generation\nbase_model: org/tiny")
     assert "1.70x (tau 2.40, exact 100%)" in card and "hf-specdiff train ..." in card
+    assert "exact = share of outputs identical to plain greedy" in card
     assert 'from_pretrained("<org>/specdiff-tiny", trust_remote_code=True)' in card
     assert "\ndatasets: []\n" in card  # no dataset claimed that the user did not name
+    sampled = dict(bench, settings={"temperature": 0.7})  # a sampling bench: no exact-match rate, and it says so
+    for row in sampled["results"]["overall"].values():
+        row["exact_match"] = None
+    (tmp_path / "bench-sampling").mkdir()
+    (tmp_path / "bench-sampling" / "results.json").write_text(json.dumps(sampled))
+    assert main(["card", str(folder), "--base-model", "org/tiny", "--bench", str(tmp_path / "results.json"),
+                 "--bench", str(tmp_path / "bench-sampling" / "results.json")]) == 0
+    card = (folder / "README.md").read_text()
+    assert "## Benchmark: sampling" in card and "sampling at temperature 0.7, top-p 1.0, every method" in card
+    assert "1.70x (tau 2.40) |" in card and "1.70x (tau 2.40, exact 100%)" in card
     assert main(["card", str(folder), "--base-model", "org/tiny", "--dataset", "org/a", "--dataset", "org/b"]) == 0
     assert "\ndatasets:\n  - org/a\n  - org/b\ntags:" in (folder / "README.md").read_text()
 

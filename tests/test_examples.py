@@ -130,6 +130,16 @@ def test_tree_tau(models, tmp_path):
     assert len(saved["prompts"]) == 2 and len(texts) == 2  # fp32: every method writes each prompt's plain text
 
 
+def test_sampling_vs_commit(models, tmp_path):
+    run("sampling_vs_commit.py", "HEAD", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+        "--prompts", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "12",
+        "--out", str(tmp_path / "sampling.json"))
+    saved = json.loads((tmp_path / "sampling.json").read_text())
+    assert set(saved["summary"]) == {"plain", "prompt lookup", "K=4 + lookup at HEAD", "K=4 + lookup, this checkout"}
+    assert saved["summary"]["plain"]["tau"] == 1.0 and len(saved["prompts"]) == 2
+    assert all(row["tokens"] == 12 for prompt in saved["prompts"] for key, row in prompt.items() if key != "category")
+
+
 def test_verifier_cost(models):
     out = run("verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20,40",
               "--rows", "1,4", "--threads", "1", "--attn", "eager")

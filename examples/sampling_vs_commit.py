@@ -1,0 +1,93 @@
+"""The shipped method (K=4 + lookup) sampling with this checkout's tree loop against the loop of an earlier commit,
+next to plain sampling and transformers' prompt lookup: one process, methods interleaved per prompt (order reversed
+every other prompt), every method of a prompt from the same seed. Sampled texts differ between methods, so speed
+is summed tokens over summed seconds per method. Usage:
+
+    python examples/sampling_vs_commit.py aea45d7 --per-category 2 --max-new-tokens 128 --out results.json
+"""
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import hf_specdiff
+from hf_specdiff.bench import read_spec_bench
+from hf_specdiff.modeling_specdiff import SpecDiffDrafter
+from hf_specdiff.shipped import shipped_drafter_path
+from hf_specdiff.verifiers import load_verifier
+
+
+def decoding_at(commit: str):
+    """`hf_specdiff/decoding.py` as it was at `commit`, imported as a module of its own (it imports only torch and
+    transformers)."""
+    source = subprocess.run(["git", "show", f"{commit}:hf_specdiff/decoding.py"], capture_output=True, text=True,
+                            check=True).stdout
+    path = Path(tempfile.mkdtemp()) / f"decoding_{commit}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("commit")
+    parser.add_argument("--verifier", default="smollm2-135m-instruct")
+    parser.add_argument("--drafter", help="a drafter folder (default: the shipped one)")
+    parser.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--top-p", type=float, default=0.9)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    verifier, tokenizer = load_verifier(args.verifier, dtype=torch.bfloat16)
+    drafter = SpecDiffDrafter.from_pretrained(args.drafter or shipped_drafter_path()).eval()
+    earlier = decoding_at(args.commit)
+    forwards = []
+    verifier.register_forward_hook(lambda *_: forwards.append(1))
+    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
+    shipped = dict(num_drafts=4, lookup_tokens=10)
+    methods = {
+        "plain": lambda x: verifier.generate(**x, **sampling),
+        "prompt lookup": lambda x: verifier.generate(**x, **sampling, prompt_lookup_num_tokens=10),
+        f"K=4 + lookup at {args.commit}": lambda x: earlier.generate(verifier, drafter, **x, **sampling, **shipped),
+        "K=4 + lookup, this checkout": lambda x: hf_specdiff.generate(verifier, drafter, **x, **sampling, **shipped),
+    }
+    totals = {name: [0, 0.0, 0] for name in methods}  # tokens, seconds, verifier forwards
+    rows = []
+    for index, prompt in enumerate(read_spec_bench(args.prompts, args.per_category)):
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt["prompt"]}],
+                                               add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        row = {"category": prompt["category"]}
+        for name in list(methods)[:: 1 if index % 2 == 0 else -1]:
+            torch.manual_seed(index)
+            forwards.clear()
+            start = time.perf_counter()
+            out = methods[name](inputs)
+            seconds = time.perf_counter() - start
+            tokens = out.shape[1] - inputs["input_ids"].shape[1]
+            row[name] = {"tokens": tokens, "seconds": seconds, "forwards": len(forwards)}
+            totals[name] = [totals[name][0] + tokens, totals[name][1] + seconds, totals[name][2] + len(forwards)]
+        rows.append(row)
+        print(prompt["category"], {n: f"{r['tokens'] / r['seconds']:.1f} tok/s" for n, r in row.items()
+                                   if n != "category"}, flush=True)
+    plain_rate = totals["plain"][0] / totals["plain"][1]
+    summary = {name: {"tok_s": t / s, "speedup": t / s / plain_rate, "tau": t / f} for name, (t, s, f) in totals.items()}
+    for name, result in summary.items():
+        print(f"{name:32s} {result['tok_s']:6.1f} tok/s  {result['speedup']:5.2f}x  tau {result['tau']:.2f}")
+    Path(args.out).write_text(json.dumps({"settings": vars(args), "summary": summary, "prompts": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
