@@ -1,6 +1,7 @@
 """What the K=4 + lookup tree does, round by round, for one or more drafters on the same Spec-Bench prompts: which
-branch (drafter or prompt lookup) the accepted path followed, and how well each node's score (the probability of
-acceptance the tree ranks nodes by) predicts its acceptance, by branch and depth. `--fp32` makes every drafter's
+branch (drafter or prompt lookup) the accepted path followed, how well each node's score (the probability of
+acceptance the tree ranks nodes by) predicts its acceptance, by branch and depth, and how many nodes the budget
+verified (how often the cap, `DEFAULT_MAX_TREE_NODES`, bound it). `--fp32` makes every drafter's
 text plain greedy's, so their tau compare on the same text (in bf16 the texts diverge between runs).
 
     python examples/trace_tree_rounds.py DRAFTER [DRAFTER ...] --out trace.json [--fp32] [--per-category 2]
@@ -23,24 +24,32 @@ from hf_specdiff.verifiers import load_verifier
 
 
 class RoundRecorder:
-    """Wraps `TreeDecoding._prune` (to see every candidate node and its score) and `learn` (to see what was
-    accepted); `nodes` collects (drafter, category, branch, depth, conditional score, accepted) of reached nodes."""
+    """Wraps `TreeDecoding._prune` (to see every candidate node and its score), `learn` (to see what was
+    accepted) and `tree_budget` (to see each round's size); `nodes` collects (drafter, category, branch, depth,
+    conditional score, accepted) of reached nodes, `budgets` (drafter, nodes verified, candidates, cap)."""
 
     def __init__(self):
-        self.nodes, self.context = [], {}
+        self.nodes, self.budgets, self.context = [], [], {}
         self.prune, self.learn = decoding.TreeDecoding._prune, decoding.TreeDecoding.learn
-        recorder = self
+        recorder, tree_budget = self, decoding.tree_budget
 
         def prune(tree_decoding, lookup, draft_scores):
             rows, scores = tree_decoding.candidates(lookup, draft_scores)
-            recorder.candidates = list(zip(["lookup"] + ["drafter"] * (len(rows) - 1), rows, scores))
+            branches = ["lookup"] * len(lookup) + ["drafter"] * (len(rows) - len(lookup))
+            recorder.candidates = list(zip(branches, rows, scores))
             return recorder.prune(tree_decoding, lookup, draft_scores)
+
+        def budget(probs, costs, max_nodes):
+            n = tree_budget(probs, costs, max_nodes)
+            recorder.budgets.append({"drafter": recorder.context["drafter"], "nodes": n, "candidates": len(probs),
+                                     "cap": max_nodes})
+            return n
 
         def learn(tree_decoding, round_, path, next_token):
             recorder.record([int(round_.tree.tokens[n]) for n in path])
             return recorder.learn(tree_decoding, round_, path, next_token)
 
-        decoding.TreeDecoding._prune, decoding.TreeDecoding.learn = prune, learn
+        decoding.TreeDecoding._prune, decoding.TreeDecoding.learn, decoding.tree_budget = prune, learn, budget
 
     def record(self, accepted: list[int]):
         seen = set()
@@ -103,8 +112,12 @@ def main():
         for node in nodes:
             if node["branch"] == "drafter" and node["depth"] == 1:
                 first[node["category"]].append(node["accepted"])
+        budgets = [b for b in recorder.budgets if b["drafter"] == path]
         summary[path] = {
             "tau": sum(r["tokens"] for r in mine) / sum(r["tokens"] / r["tau"] for r in mine),
+            "mean_nodes": sum(b["nodes"] for b in budgets) / len(budgets),
+            "rounds_at_cap": sum(b["nodes"] == b["cap"] for b in budgets) / len(budgets),
+            "rounds_with_more_candidates_than_cap": sum(b["candidates"] > b["cap"] for b in budgets) / len(budgets),
             "drafter_first_token_nodes_accepted": {c: sum(v) / len(v) for c, v in first.items()},
             "calibration": calibration(nodes)}
     same_text = all(len({tuple(r["output"]) for r in runs if r["prompt"] == i}) == 1

@@ -84,12 +84,15 @@ def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_
             methods[f"SpecDiff{kind} (mdlm, K={k})"] = dict(specdiff=mdlm_drafter, num_drafts=k)
     if drafter is not None:
         methods["SpecDiff-2 drop-in"] = dict(assistant_model=drafter)
+        methods["SpecDiff-2 drop-in, drafter only"] = dict(assistant_model=drafter, assistant_lookup_tokens=0)
         for k in num_drafts:
             methods[f"SpecDiff-2 (K={k})"] = dict(specdiff=drafter, num_drafts=k)
     for kind, conditioned in (("conditioned", conditioned_drafter), ("dflash", dflash_drafter)):
         if conditioned is None:
             continue
         methods[f"SpecDiff-2 {kind} drop-in"] = dict(assistant_model=conditioned, attach=True)
+        methods[f"SpecDiff-2 {kind} drop-in, drafter only"] = dict(assistant_model=conditioned, attach=True,
+                                                                   assistant_lookup_tokens=0)
         if kind == "dflash":  # transformers' own DFlash loop
             methods["SpecDiff-2 dflash, transformers' loop"] = dict(assistant_model=conditioned,
                                                                      speculation_type="dflash")
@@ -224,15 +227,22 @@ def _run_method(verifier, inputs: dict, options: dict, max_new_tokens: int, time
 
 def _assisted_generate(verifier, inputs, max_new_tokens, options):
     """transformers' own generate (plain, prompt lookup, or an `assistant_model`; `attach` hooks a conditioned
-    drafter onto the verifier for the call)."""
+    drafter onto the verifier for the call; `assistant_lookup_tokens` sets the drafter's for the call)."""
     attach = options.pop("attach", False)
+    drafter = options.get("assistant_model")
+    lookup_tokens = options.pop("assistant_lookup_tokens", None)
+    saved = getattr(drafter, "assistant_lookup_tokens", None)
+    if lookup_tokens is not None:
+        drafter.assistant_lookup_tokens = lookup_tokens
     if attach:
-        options["assistant_model"].attach(verifier)
+        drafter.attach(verifier)
     try:
         return verifier.generate(**inputs, max_new_tokens=max_new_tokens, **options)
     finally:
         if attach:
-            options["assistant_model"].detach()
+            drafter.detach()
+        if lookup_tokens is not None:
+            drafter.assistant_lookup_tokens = saved
 
 
 def _fingerprint(prompts: list[dict]) -> str:

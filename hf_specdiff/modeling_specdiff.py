@@ -31,8 +31,8 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_specdiff import SpecDiffConfig
-from .generation_specdiff import (AcceptanceRates, AssistantRounds, DraftLengthPolicy, RoundCosts, SpecDiffCache,
-                                  VerifierFeatures, VerifierHooks, draft_block)
+from .generation_specdiff import (LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, DraftLengthPolicy, RoundCosts,
+                                  SpecDiffCache, VerifierFeatures, VerifierHooks, draft_block, point_mass_scores)
 
 # The drafter's own `num_assistant_tokens_schedule`: transformers' loop asks for `num_assistant_tokens` (the block
 # size) every round and the drafter drafts as many as its `DraftLengthPolicy` finds worth verifying. transformers
@@ -278,7 +278,11 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         self._hooks: VerifierHooks | None = None
         self._length_policy: DraftLengthPolicy | None = None
         self._assistant_length_policy: DraftLengthPolicy | None = None
+        self._assistant_lookup_policy: DraftLengthPolicy | None = None
         self._tree_round_costs: RoundCosts | None = None
+        # the drop-in path's prompt-lookup drafts, in rounds where drafting does not pay: at most this many tokens
+        # (0: the drafter's own drafts only)
+        self.assistant_lookup_tokens = LOOKUP_TOKENS
         self.post_init()
         self.generation_config.num_assistant_tokens = config.max_draft_tokens
         self.generation_config.num_assistant_tokens_schedule = ADAPTIVE_SCHEDULE
@@ -535,6 +539,15 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         return self._assistant_length_policy
 
     @property
+    def assistant_lookup_policy(self) -> DraftLengthPolicy:
+        """The drop-in path's policy for its prompt-lookup drafts (up to `assistant_lookup_tokens`): their own
+        acceptance and round costs, kept across generations."""
+        if self._assistant_lookup_policy is None or \
+                self._assistant_lookup_policy.max_length != self.assistant_lookup_tokens:
+            self._assistant_lookup_policy = DraftLengthPolicy(self.assistant_lookup_tokens)
+        return self._assistant_lookup_policy
+
+    @property
     def tree_round_costs(self) -> RoundCosts:
         """Measured seconds of greedy tree rounds by the number of nodes verified, kept across generations: what
         `hf_specdiff.decoding.tree_budget` weighs a bigger tree against."""
@@ -558,8 +571,11 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                 self.generation_config.num_assistant_tokens_schedule != ADAPTIVE_SCHEDULE:
             return None
         if cache.assistant_rounds is None:  # a new generation
-            self.assistant_length_policy.new_generation()
-            cache.assistant_rounds = AssistantRounds(self.assistant_length_policy)
+            lookup_policy = self.assistant_lookup_policy if self.assistant_lookup_tokens else None
+            for policy in (self.assistant_length_policy, lookup_policy):
+                if policy is not None:
+                    policy.new_generation()
+            cache.assistant_rounds = AssistantRounds(self.assistant_length_policy, lookup_policy)
         return cache.assistant_rounds
 
     @torch.no_grad()
@@ -584,10 +600,13 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         Called by the assisted loop (`generation_config.is_assistant`) with the drafter's schedule "adaptive" (the
         default), it drafts as many of the tokens asked for as its `assistant_length_policy` finds worth verifying: more where
         the drafter is accepted and an extra verified token is cheap on this machine, none where even one does not
-        pay (greedy only; probe rounds, rarer while they show that drafting does not pay, keep acceptance
-        measured). An empty draft returns `input_ids` unchanged and one placeholder score, which transformers' loop
+        pay (probe rounds, rarer while they show that drafting does not pay, keep acceptance measured). Such a
+        round proposes prompt lookup's draft instead (up to `assistant_lookup_tokens`, as many as its own
+        `assistant_lookup_policy` finds worth verifying), with a point mass as its scores: under sampling the loop's
+        speculative sampling then accepts a token with its probability under the verifier, which is lossless. With
+        neither, a greedy round returns `input_ids` unchanged and one placeholder score, which transformers' loop
         stacks but, greedy without `assistant_ensemble_weight`, never reads: its verifier forward is then a plain
-        greedy step.
+        greedy step (a sampled round drafts one token: the loop's sampling step needs one).
         """
         # a shallow copy takes the call's settings without touching the caller's config (a deep copy cost about
         # 1 ms a round here, copying tensors this method never reads)
@@ -599,15 +618,21 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             past_key_values = SpecDiffCache()
         elif not isinstance(past_key_values, SpecDiffCache):
             raise TypeError(f"past_key_values must be the SpecDiffCache this drafter returned, got {type(past_key_values)}")
-        rounds = self._assistant_rounds(past_key_values, generation_config)
-        if rounds is not None:
-            rounds.observe(input_ids)
-            num_tokens = min(num_tokens, rounds.policy.next_length(
-                allow_skip=_can_skip(generation_config, self.generation_config)))
         if self.config.is_conditioned:
             if self._hooks is None:
                 raise ValueError(_NEEDS_VERIFIER)
             past_key_values.verifier_features = self._hooks.features
+        rounds = self._assistant_rounds(past_key_values, generation_config)
+        if rounds is not None:
+            rounds.observe(input_ids)
+            num_tokens, lookup = rounds.next_draft(input_ids, num_tokens,
+                                                   _can_skip(generation_config, self.generation_config))
+            if lookup:  # drafted from the context alone: a draw from a point mass, q = one-hot
+                draft = input_ids.new_tensor([lookup])
+                rounds.drafted(input_ids, draft)
+                return GenerateDecoderOnlyOutput(sequences=torch.cat([input_ids, draft], dim=1),
+                                                 scores=point_mass_scores(draft, self.config.vocab_size),
+                                                 past_key_values=past_key_values)
         if num_tokens == 0:  # not worth a draft: the loop's verifier forward is then a plain step
             rounds.drafted(input_ids, input_ids[:, :0])
             return GenerateDecoderOnlyOutput(sequences=input_ids, scores=(input_ids.new_zeros(1, 1).float(),),

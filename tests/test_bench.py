@@ -27,9 +27,10 @@ def test_bench_runs_every_method_and_writes_results(tmp_path):
                         max_new_tokens=24, with_lookup=True, progress=False)
     specdiff2 = ["SpecDiff-2 (K=1)", "SpecDiff-2 (K=4)", "SpecDiff-2 conditioned (K=1)", "SpecDiff-2 conditioned (K=4)"]
     specdiff = ["SpecDiff (mdlm, K=1)", "SpecDiff (mdlm, K=4)", *specdiff2]
-    drop_in = ["SpecDiff-2 drop-in", "SpecDiff-2 conditioned drop-in"]
-    methods = ["plain", "prompt lookup", "AR drafter", "SpecDiff (mdlm, K=1)", "SpecDiff (mdlm, K=4)", drop_in[0],
-               *specdiff2[:2], drop_in[1], *specdiff2[2:], *[f"{m} + lookup" for m in specdiff]]
+    drop_in = ["SpecDiff-2 drop-in", "SpecDiff-2 drop-in, drafter only", "SpecDiff-2 conditioned drop-in",
+               "SpecDiff-2 conditioned drop-in, drafter only"]
+    methods = ["plain", "prompt lookup", "AR drafter", "SpecDiff (mdlm, K=1)", "SpecDiff (mdlm, K=4)", *drop_in[:2],
+               *specdiff2[:2], *drop_in[2:], *specdiff2[2:], *[f"{m} + lookup" for m in specdiff]]
     assert summary["methods"] == methods
     assert set(summary["results"]) == {"math", "qa", "overall"}
     overall = summary["results"]["overall"]
@@ -41,6 +42,7 @@ def test_bench_runs_every_method_and_writes_results(tmp_path):
     for method in methods[2:]:  # each drafter's cost was timed beside the verifier's
         assert 0 < overall[method]["drafter_ms_per_forward"] and 0 < overall[method]["drafter_cost"]
     assert overall["plain"]["drafter_cost"] is None
+    assert drafter.assistant_lookup_tokens == 10  # the drafter-only method set it to 0 for its runs alone
     # methods are interleaved prompt by prompt
     assert [r["method"] for r in summary["records"][: len(methods)]] == methods
     out = save(summary, tmp_path / "results")

@@ -236,9 +236,11 @@ def test_k1_loop_skips_drafting_where_it_does_not_pay_and_probes_now_and_then():
 def test_drop_in_path_skips_drafting_where_it_does_not_pay_greedy_only(conditioned):
     """transformers' greedy loop takes an empty draft (a plain step), so the drop-in drafter drafts only every
     probe_every-th round when drafting costs more than it brings; sampling needs a draft in every round. A
-    conditioned drafter reads the skipped rounds' verifier features when it drafts next."""
+    conditioned drafter reads the skipped rounds' verifier features when it drafts next. (Without the prompt-lookup
+    drafts that skipped rounds propose otherwise: tested below.)"""
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier, block_size=8, conditioned=conditioned)
+    drafter.assistant_lookup_tokens = 0
     if conditioned:
         drafter.attach(verifier)
     for length, seconds in ((1, 3.0), (2, 5.0)):  # as if each drafted token cost twice a plain step
@@ -256,3 +258,24 @@ def test_drop_in_path_skips_drafting_where_it_does_not_pay_greedy_only(condition
     finally:
         hook.remove()
     assert sampled.shape[1] == PROMPTS.shape[1] + 60 and len(forwards) == len(lengths) and min(lengths) >= 1
+
+
+def test_drop_in_rounds_that_skip_drafting_propose_prompt_lookup_drafts_and_stay_exact():
+    """Where drafting does not pay, a round proposes what followed the context's last tokens earlier: on a prompt
+    that repeats itself, the verifier takes several tokens a forward without the drafter drafting, greedy output
+    stays plain greedy's, and the lookup rounds' acceptance goes to the lookup policy, not the drafter's."""
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8)
+    for length, seconds in ((1, 3.0), (2, 5.0)):  # as if each drafted token cost twice a plain step
+        drafter.assistant_length_policy.costs.record(length, seconds)
+    prompt = verifier.generate(PROMPTS[:1], max_new_tokens=30, do_sample=False, eos_token_id=None)  # greedy loops
+    lengths, forwards = [], []
+    hook = verifier.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        out = drop_in(verifier, drafter, prompt, lengths)
+    finally:
+        hook.remove()
+    assert out.tolist() == verifier.generate(prompt, max_new_tokens=60, do_sample=False, eos_token_id=None).tolist()
+    assert len(forwards) < 60 / 1.5 and len(lengths) <= 60 // DraftLengthPolicy.probe_every + 1, (forwards, lengths)
+    assert float(drafter.assistant_lookup_policy.acceptance.accepted[0]) > 0
+    assert float(drafter.assistant_length_policy.acceptance.reached[0]) <= len(lengths)

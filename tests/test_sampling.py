@@ -44,3 +44,48 @@ def test_chi_square_catches_a_biased_drafter(setup, monkeypatch):
     monkeypatch.setattr(generation, "select_tokens", lambda scores, do_sample, generator=None: scores.argmax(-1))
     torch.manual_seed(1)
     assert chi_square_pvalue(sample_pairs(verifier, drafter, prompt), exact) < 1e-3
+
+
+@pytest.fixture(scope="module")
+def lookup_setup(setup):
+    """A prompt that repeats its last token, so the drop-in path's lookup draft exists from the first round, whose
+    first token the verifier at temperature 2 gives a probability near 1/2; a drafter whose drafting never pays, so
+    every round that can proposes the lookup draft."""
+    verifier, prompt, _ = setup
+    candidates = [torch.cat([prompt, torch.tensor([[u, t, prompt[0, -1]]])], dim=1)
+                  for u in range(VOCAB) for t in range(VOCAB)]
+    with torch.no_grad():
+        p_lookup = [float((verifier(c).logits[0, -1] / 2).softmax(-1)[generation.prompt_lookup(c[0], 1)[0]])
+                    for c in candidates]
+    best = min(range(len(candidates)), key=lambda i: abs(p_lookup[i] - 0.5))
+    assert 0.1 < p_lookup[best] < 0.9
+    drafter = tiny_drafter(verifier, block_size=4)
+    for length, seconds in ((1, 3.0), (2, 5.0)):  # as if each drafted token cost twice a plain step
+        drafter.assistant_length_policy.costs.record(length, seconds)
+    return drafter, candidates[best], exact_first_two(verifier, candidates[best], temperature=2.0)
+
+
+def sample_lookup_pairs(verifier, drafter, prompt):
+    torch.manual_seed(1)
+    return torch.stack([verifier.generate(prompt, max_new_tokens=3, do_sample=True, top_k=None, temperature=2.0,
+                                          eos_token_id=None, assistant_model=drafter)[0, prompt.shape[1]:][:2]
+                        for _ in range(SAMPLES)])
+
+
+def test_drop_in_lookup_rounds_sample_the_target(setup, lookup_setup):
+    verifier = setup[0]
+    drafter, prompt, exact = lookup_setup
+    pairs = sample_lookup_pairs(verifier, drafter, prompt)
+    assert chi_square_pvalue(pairs, exact) > 1e-3
+    assert float(drafter.assistant_lookup_policy.acceptance.reached[0]) > 0  # lookup rounds ran
+
+
+def test_chi_square_catches_lookup_rounds_scored_as_uniform(setup, lookup_setup, monkeypatch):
+    import hf_specdiff.modeling_specdiff as modeling
+
+    verifier = setup[0]
+    drafter, prompt, exact = lookup_setup
+    # wrong: report the lookup draft as drawn from a uniform distribution instead of a point mass
+    monkeypatch.setattr(modeling, "point_mass_scores", lambda draft, vocab: tuple(
+        torch.zeros(1, vocab) for _ in range(draft.shape[1])))
+    assert chi_square_pvalue(sample_lookup_pairs(verifier, drafter, prompt), exact) < 1e-3

@@ -364,6 +364,31 @@ class DraftLengthPolicy:
             self.costs.record(num_drafted, seconds)
 
 
+# A drop-in round where drafting does not pay proposes prompt lookup's draft instead: at most this many tokens (as
+# transformers' prompt lookup and the tree loop's lookup branch in the shipped method).
+LOOKUP_TOKENS = 10
+
+
+def prompt_lookup(ids: torch.Tensor, num_tokens: int, max_ngram: int = 3) -> list[int]:
+    """Prompt lookup's draft from the context `ids` [L] alone: the up to `num_tokens` tokens that followed the latest
+    earlier occurrence of the longest n-gram (n <= max_ngram) ending it. (`hf_specdiff.decoding.prompt_lookup`, in a
+    file that ships standalone, returns several such drafts.)"""
+    for n in range(min(max_ngram, ids.shape[0] - 1), 0, -1):
+        hits = (ids[:-1].unfold(0, n, 1) == ids[-n:]).all(-1).nonzero().flatten()
+        if len(hits):
+            start = int(hits[-1]) + n
+            return ids[start:start + num_tokens].tolist()
+    return []
+
+
+def point_mass_scores(draft: torch.Tensor, vocab_size: int) -> tuple[torch.Tensor, ...]:
+    """The scores of a draft [1, g] that was not drawn from a distribution (prompt lookup's), one [1, vocab_size]
+    per token: 0 at the token, -inf elsewhere. As a point mass q, speculative sampling accepts the token with its
+    probability under the verifier and, on rejection, removes it from the target: lossless."""
+    scores = torch.full((draft.shape[1], vocab_size), float("-inf"), device=draft.device)
+    return tuple(scores.scatter_(1, draft.T, 0.0)[:, None].unbind(0))
+
+
 class AssistantRounds:
     """What a drafter called by transformers' assisted loop learns between calls, for its `DraftLengthPolicy`.
 
@@ -371,10 +396,15 @@ class AssistantRounds:
     the accepted draft tokens: comparing them with the draft gives the accepted count. The time from one call's
     start to the next is a whole round (drafting, the verifier's forward, the loop's bookkeeping). The first round
     is not timed: its verifier forward also reads the prompt.
+
+    With a `lookup_policy`, a round where the drafter's policy skips drafting proposes prompt lookup's draft instead,
+    as long as that policy finds it worth verifying (`next_draft`). Each policy learns from the rounds it drafted;
+    the cost of a plain step (a round that drafted nothing) goes to both.
     """
 
-    def __init__(self, policy: DraftLengthPolicy):
-        self.policy = policy
+    def __init__(self, policy: DraftLengthPolicy, lookup_policy: DraftLengthPolicy | None = None):
+        self.policy, self.lookup_policy = policy, lookup_policy
+        self.source = policy  # the policy whose decision the last round followed
         self.draft: torch.Tensor | None = None  # [g] the last draft
         self.start = 0  # length of the input it was drafted after
         self.started_at = 0.0
@@ -387,9 +417,27 @@ class AssistantRounds:
             seen = input_ids[0, self.start:self.start + self.draft.shape[0]].to(self.draft.device)
             accepted = int((seen == self.draft[:seen.shape[0]]).long().cumprod(0).sum())
             accepted = min(accepted, input_ids.shape[1] - self.start - 1)  # the last new token is the verifier's
-            self.policy.update(self.draft.shape[0], accepted, now - self.started_at if self.timed else None)
+            seconds = now - self.started_at if self.timed else None
+            self.source.update(self.draft.shape[0], accepted, seconds)
+            if self.lookup_policy is not None and self.draft.shape[0] == 0:
+                (self.lookup_policy if self.source is self.policy else self.policy).update(0, 0, seconds)
             self.timed = True
         self.started_at = now
+
+    def next_draft(self, input_ids: torch.Tensor, max_tokens: int, allow_skip: bool) -> tuple[int, list[int]]:
+        """This round's draft: how many tokens the drafter drafts, or prompt lookup's draft (one of the two, or
+        neither for a plain step). `allow_skip`: whether the caller's loop takes an empty draft; if not, a round
+        with neither drafts one token (a probe)."""
+        self.source = self.policy
+        if self.lookup_policy is None:
+            return min(max_tokens, self.policy.next_length(allow_skip=allow_skip)), []
+        length = min(max_tokens, self.policy.next_length(allow_skip=True))
+        if length == 0 and self.policy.skipping:  # not a plain step taken to measure one
+            lookup = prompt_lookup(input_ids[0], min(max_tokens, self.lookup_policy.next_length(allow_skip=True)))
+            if lookup:
+                self.source = self.lookup_policy
+                return 0, lookup
+        return (length if length or allow_skip else 1), []
 
     def drafted(self, input_ids: torch.Tensor, draft: torch.Tensor):
         """Call after drafting `draft` [1, g] after `input_ids` [1, seq]."""
