@@ -71,6 +71,7 @@ def main(argv=None):
     torch.set_num_threads(2)
     verifier, tokenizer = load_verifier("smollm2-135m-instruct")
     drafter = SpecDiffDrafter.from_pretrained(shipped_drafter_path()).eval()
+    drafter.assistant_lookup_tokens = 0  # the drafter's own policy alone: no prompt-lookup rounds where it skips
     prompts = read_spec_bench(args.prompts, args.per_category)
     last = max(i for i, p in enumerate(prompts) if p["category"] == args.until)
     log, where, outputs = [], {}, []
