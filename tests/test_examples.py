@@ -137,7 +137,8 @@ def test_sampling_vs_commit(models, tmp_path):
     saved = json.loads((tmp_path / "sampling.json").read_text())
     assert set(saved["summary"]) == {"plain", "prompt lookup", "K=4 + lookup at HEAD", "K=4 + lookup, this checkout"}
     assert saved["summary"]["plain"]["tau"] == 1.0 and len(saved["prompts"]) == 2
-    assert all(row["tokens"] == 12 for prompt in saved["prompts"] for key, row in prompt.items() if key != "category")
+    rows = [row for prompt in saved["prompts"] for key, row in prompt.items() if key != "category"]
+    assert len(rows) == 8 and all(1 <= row["tokens"] <= 12 for row in rows)  # a sampled answer may end early
 
 
 def test_verifier_cost(models):
