@@ -540,7 +540,6 @@ class TreeDecoding:
             num_tokens = 0  # the verifier reads the prompt first
         lookups = prompt_lookup(input_ids[0].cpu(), min(self.lookup_tokens, room), self.num_lookup_drafts) \
             if self.lookup_tokens and room > 0 else []
-        kept = lookups
         if self.do_sample:
             num_tokens, kept = self._plan_sampling(num_tokens, lookups)
         drafts, draft_scores = [], None
@@ -557,20 +556,26 @@ class TreeDecoding:
         return TreeRound(input_ids[:, past:], past, lookups, drafts, draft_scores, tree,
                          tree.tokens.to(input_ids.device), started)
 
+    def _tree_budget(self):
+        """(round costs, node cap): a tree sized by measured cost up to `DEFAULT_MAX_TREE_NODES`, or (None,
+        max_tree_nodes) when the caller fixed the size."""
+        if self.max_tree_nodes:
+            return None, self.max_tree_nodes
+        return self.drafter.tree_round_costs, DEFAULT_MAX_TREE_NODES
+
     def _plan_sampling(self, num_tokens: int, lookups: list[list[int]]) -> tuple[int, list[list[int]]]:
         """Sampling: the drafter's draft length (at most `num_tokens`) and the lookup drafts cut to their depths
         (`sampling_plan`), from measured acceptance and round costs."""
         lookup_rates = [rates.rates()[:len(row)] for row, rates in zip(lookups, self.lookup_acceptance)]
         num_tokens, depths = sampling_plan(self.length_policy.acceptance.rates()[:num_tokens], self.num_drafts,
-                                           lookup_rates, None if self.max_tree_nodes else self.drafter.tree_round_costs,
-                                           self.max_tree_nodes or DEFAULT_MAX_TREE_NODES)
+                                           lookup_rates, *self._tree_budget())
         return num_tokens, [row[:depth] for row, depth in zip(lookups, depths)]
 
     def _prune(self, lookups: list[list[int]], draft_scores: torch.Tensor | None) -> tuple[list, list]:
         """Greedy: the K likeliest drafts under the marginals and the lookup drafts, cut to the best tree nodes."""
         rows, path_scores = self.candidates(lookups, draft_scores)
-        rows = prune_drafts(rows, path_scores, self.max_tree_nodes or DEFAULT_MAX_TREE_NODES,
-                            costs=None if self.max_tree_nodes else self.drafter.tree_round_costs)
+        costs, max_nodes = self._tree_budget()
+        rows = prune_drafts(rows, path_scores, max_nodes, costs=costs)
         return rows[:len(lookups)], rows[len(lookups):]
 
     def candidates(self, lookups: list[list[int]], draft_scores: torch.Tensor | None) -> tuple[list[list[int]], list]:
