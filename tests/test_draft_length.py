@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_specdiff.generation_specdiff import DraftLengthPolicy, RoundCosts
+from hf_specdiff.generation_specdiff import AssistantRounds, DraftLengthPolicy, RoundCosts
 from helpers import greedy_sequences, tiny_drafter, tiny_verifier, train_briefly
 
 PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(4))
@@ -160,10 +160,12 @@ def drop_in(verifier, drafter, prompt, lengths, do_sample=False):
 
 
 def test_drop_in_path_shortens_drafts_that_are_rejected_and_stays_exact():
+    """(The drafter's own lengths: without the prompt-lookup drafts that would replace some of its rounds.)"""
     verifier = tiny_verifier("llama")
     trained = train_briefly(tiny_drafter(verifier, block_size=16), greedy_sequences(verifier, PROMPTS, 48), steps=120)
     untrained = tiny_drafter(verifier, block_size=16)  # its drafts are almost never accepted
     for drafter, low, high in ((untrained, 1, 2), (trained, 4, 16)):
+        drafter.assistant_lookup_tokens = 0
         lengths = []
         for prompt in PROMPTS[:3].split(1):
             out = drop_in(verifier, drafter, prompt, lengths)
@@ -279,3 +281,23 @@ def test_drop_in_rounds_that_skip_drafting_propose_prompt_lookup_drafts_and_stay
     assert len(forwards) < 60 / 1.5 and len(lengths) <= 60 // DraftLengthPolicy.probe_every + 1, (forwards, lengths)
     assert float(drafter.assistant_lookup_policy.acceptance.accepted[0]) > 0
     assert float(drafter.assistant_length_policy.acceptance.reached[0]) <= len(lengths)
+
+
+def test_drop_in_rounds_propose_prompt_lookup_where_it_is_expected_to_pay_more_than_the_drafter():
+    """A round where the drafter would draft proposes prompt lookup's draft instead when the lookup policy expects
+    more tokens per second (or was never timed), and the drafter's draft when it expects fewer."""
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6]])  # lookup: [7, 8, 9, 5, 6]
+    drafter_policy, lookup_policy = DraftLengthPolicy(8), DraftLengthPolicy(10)
+    for g, seconds in ((0, 1.0), (2, 1.5), (4, 1.7)):
+        drafter_policy.update(g, g // 2, seconds)  # half its drafts accepted, some tokens a round
+    rounds = AssistantRounds(drafter_policy, lookup_policy)
+    assert rounds.next_draft(ids, 8, allow_skip=True) == (0, [7, 8, 9, 5, 6])  # lookup never timed: tried
+    assert rounds.source is lookup_policy
+    for _ in range(20):  # lookup drafts rejected at once, at a plain step's cost
+        lookup_policy.update(4, 0, 1.1)
+    length, lookup = rounds.next_draft(ids, 8, allow_skip=True)
+    assert length > 0 and lookup == [] and rounds.source is drafter_policy
+    for _ in range(40):  # lookup drafts accepted whole
+        lookup_policy.update(5, 5, 1.1)
+    assert rounds.next_draft(ids, 8, allow_skip=True) == (0, [7, 8, 9, 5, 6])
+    assert rounds.next_draft(torch.tensor([[5, 6, 7, 8]]), 8, allow_skip=True)[0] > 0  # no lookup draft here

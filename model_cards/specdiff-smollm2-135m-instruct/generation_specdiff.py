@@ -345,9 +345,24 @@ class DraftLengthPolicy:
 
     def _best_length(self, allow_skip: bool) -> int:
         """The draft length with the most expected tokens per second (0 only if `allow_skip`)."""
+        return self.best(allow_skip)[0]
+
+    def best(self, allow_skip: bool = False) -> tuple[int, float]:
+        """The draft length with the most expected tokens per unit of measured round cost (0 only if `allow_skip`),
+        and that rate: in tokens per second once a drafting round was timed (`timed`)."""
         lengths = torch.arange(0 if allow_skip else 1, self.max_length + 1)
+        rate = self.tokens_per_second(lengths)
+        return int(lengths[rate.argmax()]), float(rate.max())
+
+    def tokens_per_second(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Expected tokens of a round drafting each of `lengths`, over its predicted cost."""
         expected = 1 + torch.cat([torch.zeros(1), self.acceptance.rates().cumprod(0)]).cumsum(0)[lengths]
-        return int(lengths[(expected / self.costs.predict(lengths)).argmax()])
+        return expected / self.costs.predict(lengths)
+
+    @property
+    def timed(self) -> bool:
+        """Whether a round that drafted was timed (until then costs, and rates, are relative)."""
+        return any(length > 0 for length in self.costs.rounds)
 
     def new_generation(self):
         """A new prompt starts: earlier prompts' acceptance counts as `history_rounds` rounds at most (costs, a
@@ -397,9 +412,10 @@ class AssistantRounds:
     start to the next is a whole round (drafting, the verifier's forward, the loop's bookkeeping). The first round
     is not timed: its verifier forward also reads the prompt.
 
-    With a `lookup_policy`, a round where the drafter's policy skips drafting proposes prompt lookup's draft instead,
-    as long as that policy finds it worth verifying (`next_draft`). Each policy learns from the rounds it drafted;
-    the cost of a plain step (a round that drafted nothing) goes to both.
+    With a `lookup_policy`, a round proposes prompt lookup's draft instead of the drafter's where the drafter's
+    policy skips drafting (as long as the lookup policy finds it worth verifying) and where the lookup policy expects
+    more tokens per second than the drafter's (`next_draft`). Each policy learns from the rounds it drafted; the cost
+    of a plain step (a round that drafted nothing) goes to both.
     """
 
     def __init__(self, policy: DraftLengthPolicy, lookup_policy: DraftLengthPolicy | None = None):
@@ -432,12 +448,27 @@ class AssistantRounds:
         if self.lookup_policy is None:
             return min(max_tokens, self.policy.next_length(allow_skip=allow_skip)), []
         length = min(max_tokens, self.policy.next_length(allow_skip=True))
-        if length == 0 and self.policy.skipping:  # not a plain step taken to measure one
-            lookup = prompt_lookup(input_ids[0], min(max_tokens, self.lookup_policy.next_length(allow_skip=True)))
-            if lookup:
-                self.source = self.lookup_policy
-                return 0, lookup
+        lookup = self._lookup_draft(input_ids, max_tokens, length)
+        if lookup:
+            self.source = self.lookup_policy
+            return 0, lookup
         return (length if length or allow_skip else 1), []
+
+    def _lookup_draft(self, input_ids: torch.Tensor, max_tokens: int, length: int) -> list[int]:
+        """Prompt lookup's draft for this round, if it is to replace the drafter's decision `length`: where the
+        drafter skips, as long as the lookup policy finds worth verifying; where it drafts (not a probe), the lookup
+        policy's best length if that is expected to give more tokens per second, or was never timed (once the drafter's
+        rounds were). Neither for a plain step taken to measure one."""
+        if length == 0 and self.policy.skipping:
+            num_tokens = self.lookup_policy.next_length(allow_skip=True)
+        elif length and not self.policy.skipping and self.policy.timed:
+            num_tokens, rate = self.lookup_policy.best()
+            drafter_rate = float(self.policy.tokens_per_second(torch.tensor([length]))[0])
+            if self.lookup_policy.timed and rate <= drafter_rate:
+                return []
+        else:
+            return []
+        return prompt_lookup(input_ids[0], min(max_tokens, num_tokens))
 
     def drafted(self, input_ids: torch.Tensor, draft: torch.Tensor):
         """Call after drafting `draft` [1, g] after `input_ids` [1, seq]."""
