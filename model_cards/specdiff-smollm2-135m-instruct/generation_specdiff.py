@@ -321,7 +321,7 @@ class DraftLengthPolicy:
         if self.fixed is not None:
             return self.fixed
         if not (allow_skip and self.skipping):
-            best = self._best_length(allow_skip)
+            best = self.best(allow_skip)[0]
             if best and allow_skip and self._measure_plain_step():
                 return 0
             if best:
@@ -342,10 +342,6 @@ class DraftLengthPolicy:
             return False
         self.since_plain = 0
         return True
-
-    def _best_length(self, allow_skip: bool) -> int:
-        """The draft length with the most expected tokens per second (0 only if `allow_skip`)."""
-        return self.best(allow_skip)[0]
 
     def best(self, allow_skip: bool = False) -> tuple[int, float]:
         """The draft length with the most expected tokens per unit of measured round cost (0 only if `allow_skip`),
