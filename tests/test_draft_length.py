@@ -166,6 +166,9 @@ def test_drop_in_path_shortens_drafts_that_are_rejected_and_stays_exact():
     untrained = tiny_drafter(verifier, block_size=16)  # its drafts are almost never accepted
     for drafter, low, high in ((untrained, 1, 2), (trained, 4, 16)):
         drafter.assistant_lookup_tokens = 0
+        for length in (0, 1, 16):  # costs as if measured over many rounds: the rounds timed here barely move them
+            for _ in range(1000):  # (wall-clock times of tiny models on a loaded machine would decide otherwise)
+                drafter.assistant_length_policy.costs.record(length, 1.0 if length == 0 else 1.2 + 0.01 * length)
         lengths = []
         for prompt in PROMPTS[:3].split(1):
             out = drop_in(verifier, drafter, prompt, lengths)
