@@ -453,14 +453,13 @@ class AssistantRounds:
     def _lookup_draft(self, input_ids: torch.Tensor, max_tokens: int, length: int) -> list[int]:
         """Prompt lookup's draft for this round, if it is to replace the drafter's decision `length`: where the
         drafter skips, as long as the lookup policy finds worth verifying; where it drafts (not a probe), the lookup
-        policy's best length if that is expected to give more tokens per second, or was never timed (once the drafter's
-        rounds were). Neither for a plain step taken to measure one."""
+        policy's best length if that is expected to give more tokens per second, or was never timed (once the
+        drafter's rounds were). Neither for a plain step taken to measure one."""
         if length == 0 and self.policy.skipping:
             num_tokens = self.lookup_policy.next_length(allow_skip=True)
         elif length and not self.policy.skipping and self.policy.timed:
             num_tokens, rate = self.lookup_policy.best()
-            drafter_rate = float(self.policy.tokens_per_second(torch.tensor([length]))[0])
-            if self.lookup_policy.timed and rate <= drafter_rate:
+            if self.lookup_policy.timed and rate <= float(self.policy.tokens_per_second(torch.tensor([length]))[0]):
                 return []
         else:
             return []
