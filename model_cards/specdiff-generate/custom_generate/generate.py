@@ -279,8 +279,9 @@ def sampling_plan(draft_rates: torch.Tensor, num_drafts: int, lookup_rates: list
 
 def sample_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
     """k independent draws [k, g] from the product of the marginals softmax(scores) [g, V]."""
-    probs = scores.float().softmax(-1)
-    return torch.multinomial(probs, k, replacement=True).T
+    cdf = scores.float().softmax(-1).double().cumsum(-1)  # drawn by inverting it: multinomial cost ~1 ms a row
+    u = torch.rand(cdf.shape[0], k, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True).clamp_max(cdf.shape[-1] - 1).T
 
 
 def prompt_lookup(ids: torch.Tensor, num_tokens: int, num_drafts: int = 1, max_ngram: int = 3) -> list[list[int]]:
