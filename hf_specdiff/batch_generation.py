@@ -8,7 +8,7 @@ import torch
 from transformers import DynamicCache, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
-from .generation_specdiff import sample_rows
+from .generation_specdiff import sample_rows, top_p_candidates
 
 # Finished rows are dropped once no more than this share of the batch is still running: each drop copies the whole
 # KV cache, so rows are let go in groups (a finished row costs a little compute until then; its tokens are ignored).
@@ -75,8 +75,7 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     probs = (logits.float() / temperature).softmax(-1)
     if top_p >= 1.0:
         return sample_rows(probs, 1, generator)[:, 0]
-    top, ids = probs.topk(min(candidates, probs.shape[-1]), dim=-1)
-    keep = top.cumsum(-1) - top < top_p
+    top, ids, keep = top_p_candidates(probs, top_p, candidates)
     tokens = ids.gather(-1, sample_rows(top * keep, 1, generator)).squeeze(-1)
     wide = keep[:, -1]  # rows whose nucleus may reach past their candidates
     if wide.any():

@@ -278,8 +278,10 @@ def sampling_plan(draft_rates: torch.Tensor, num_drafts: int, lookup_rates: list
 
 
 def sample_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """k independent draws [k, g] from the product of the marginals softmax(scores) [g, V]."""
-    cdf = scores.float().softmax(-1).double().cumsum(-1)  # drawn by inverting it: multinomial cost ~1 ms a row
+    """k independent draws [k, g] from the product of the marginals softmax(scores) [g, V], by inverting the
+    cumulative distribution as `generation_specdiff.sample_rows` does (multinomial cost ~1 ms a row): a copy, as this
+    file also ships alone (`custom_generate`) and imports only torch and transformers."""
+    cdf = scores.float().softmax(-1).double().cumsum(-1)
     u = torch.rand(cdf.shape[0], k, dtype=torch.float64, device=cdf.device) * cdf[:, -1:]
     return torch.searchsorted(cdf, u, right=True).clamp_max(cdf.shape[-1] - 1).T
 

@@ -490,6 +490,14 @@ def block_attention_mask(num_new: int, num_cached: int, block_len: int, device) 
     return mask[None, None]
 
 
+def top_p_candidates(probs: torch.Tensor, top_p: float, candidates: int = 1024):
+    """The `candidates` most probable tokens of each row of `probs` [rows, vocab] (their probabilities and ids,
+    [rows, candidates]) and which of them are in the row's top-p nucleus (the probability ranked above a token is
+    under `top_p`). Where a row's last candidate is kept, its nucleus may reach past its candidates."""
+    top, ids = probs.topk(min(candidates, probs.shape[-1]), dim=-1)
+    return top, ids, top.cumsum(-1) - top < top_p
+
+
 class CandidateTopPLogitsWarper(TopPLogitsWarper):
     """transformers' `TopPLogitsWarper` for draft positions: the same nucleus (up to rounding at its edge), found among
     the `candidates` most probable tokens instead of by sorting the whole vocabulary, which cost more than a small
@@ -499,8 +507,7 @@ class CandidateTopPLogitsWarper(TopPLogitsWarper):
     candidates = 1024
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        top, ids = scores.float().softmax(-1).topk(min(self.candidates, scores.shape[-1]), dim=-1)
-        keep = top.cumsum(-1) - top < self.top_p  # the probability ranked above a token is under top_p
+        _, ids, keep = top_p_candidates(scores.float().softmax(-1), self.top_p, self.candidates)
         keep[:, :self.min_tokens_to_keep] = True
         kept = torch.where(keep, scores.gather(-1, ids), self.filter_value)
         processed = torch.full_like(scores, self.filter_value).scatter_(-1, ids, kept)
