@@ -1,12 +1,15 @@
-"""The shipped method (K=4 + lookup) sampling with this checkout's tree loop against the loop of an earlier commit,
-next to plain sampling and transformers' prompt lookup: one process, methods interleaved per prompt (order reversed
-every other prompt), every method of a prompt from the same seed. Sampled texts differ between methods, so speed
-is summed tokens over summed seconds per method. Usage:
+"""Sampling with this checkout's tree loop (`decoding.py`) and denoising sampler (`generation_specdiff.draft_block`)
+against an earlier commit's, for the shipped method (K=4 + lookup) and the drop-in path (`assistant_model=`, each
+commit with a drafter of its own, so that their draft-length policies learn their own rounds), next to plain
+sampling and transformers' prompt lookup: one process, methods interleaved per prompt (order reversed every other
+prompt), every method of a prompt from the same seed. Sampled texts differ between methods, so speed is summed
+tokens over summed seconds per method. Usage:
 
     python examples/sampling_vs_commit.py aea45d7 --per-category 2 --max-new-tokens 128 --out results.json
 """
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import subprocess
@@ -19,23 +22,45 @@ import torch
 
 import hf_specdiff
 from hf_specdiff.bench import read_spec_bench
+import hf_specdiff.modeling_specdiff as modeling
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.shipped import shipped_drafter_path
 from hf_specdiff.verifiers import load_verifier
 
 
-def decoding_at(commit: str):
-    """`hf_specdiff/decoding.py` as it was at `commit`, imported as a module of its own (it imports only torch and
-    transformers)."""
-    source = subprocess.run(["git", "show", f"{commit}:hf_specdiff/decoding.py"], capture_output=True, text=True,
-                            check=True).stdout
-    path = Path(tempfile.mkdtemp()) / f"decoding_{commit}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
+def module_at(commit: str, path: str):
+    """The file `path` (a module that imports only torch and transformers) as it was at `commit`, imported as a
+    module of its own."""
+    source = subprocess.run(["git", "show", f"{commit}:{path}"], capture_output=True, text=True, check=True).stdout
+    file = Path(tempfile.mkdtemp()) / f"{Path(path).stem}_{commit}.py"
+    file.write_text(source)
+    spec = importlib.util.spec_from_file_location(file.stem, file)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = module
+    sys.modules[file.stem] = module
     spec.loader.exec_module(module)
     return module
+
+
+@contextlib.contextmanager
+def drafting_with(draft_block):
+    """Drafters draft with this `draft_block` inside the block."""
+    saved = modeling.draft_block
+    modeling.draft_block = draft_block
+    try:
+        yield
+    finally:
+        modeling.draft_block = saved
+
+
+def drop_in(verifier, drafter, inputs, sampling):
+    """transformers' assisted generation with `drafter` as `assistant_model` (attached if it reads the verifier)."""
+    if drafter.config.is_conditioned:
+        drafter.attach(verifier)
+    try:
+        return verifier.generate(**inputs, **sampling, assistant_model=drafter)
+    finally:
+        if drafter.config.is_conditioned:
+            drafter.detach()
 
 
 def main():
@@ -48,12 +73,15 @@ def main():
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.7)
     parser.add_argument("--top-p", type=float, default=0.9)
+    parser.add_argument("--seed", type=int, default=0, help="prompt i samples from seed 1000 * seed + i")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(2)
     verifier, tokenizer = load_verifier(args.verifier, dtype=torch.bfloat16)
-    drafter = SpecDiffDrafter.from_pretrained(args.drafter or shipped_drafter_path()).eval()
-    earlier = decoding_at(args.commit)
+    drafter, drafter_then = (SpecDiffDrafter.from_pretrained(args.drafter or shipped_drafter_path()).eval()
+                             for _ in range(2))
+    earlier = module_at(args.commit, "hf_specdiff/decoding.py")
+    earlier_block = module_at(args.commit, "hf_specdiff/generation_specdiff.py").draft_block
     forwards = []
     verifier.register_forward_hook(lambda *_: forwards.append(1))
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
@@ -61,9 +89,12 @@ def main():
     methods = {
         "plain": lambda x: verifier.generate(**x, **sampling),
         "prompt lookup": lambda x: verifier.generate(**x, **sampling, prompt_lookup_num_tokens=10),
-        f"K=4 + lookup at {args.commit}": lambda x: earlier.generate(verifier, drafter, **x, **sampling, **shipped),
+        f"drop-in at {args.commit}": lambda x: drop_in(verifier, drafter_then, x, sampling),
+        "drop-in, this checkout": lambda x: drop_in(verifier, drafter, x, sampling),
+        f"K=4 + lookup at {args.commit}": lambda x: earlier.generate(verifier, drafter_then, **x, **sampling, **shipped),
         "K=4 + lookup, this checkout": lambda x: hf_specdiff.generate(verifier, drafter, **x, **sampling, **shipped),
     }
+    then = {f"drop-in at {args.commit}", f"K=4 + lookup at {args.commit}"}
     totals = {name: [0, 0.0, 0] for name in methods}  # tokens, seconds, verifier forwards
     rows = []
     for index, prompt in enumerate(read_spec_bench(args.prompts, args.per_category)):
@@ -71,11 +102,12 @@ def main():
                                                add_generation_prompt=True, return_tensors="pt", return_dict=True)
         row = {"category": prompt["category"]}
         for name in list(methods)[:: 1 if index % 2 == 0 else -1]:
-            torch.manual_seed(index)
+            torch.manual_seed(1000 * args.seed + index)
             forwards.clear()
-            start = time.perf_counter()
-            out = methods[name](inputs)
-            seconds = time.perf_counter() - start
+            with drafting_with(earlier_block) if name in then else contextlib.nullcontext():
+                start = time.perf_counter()
+                out = methods[name](inputs)
+                seconds = time.perf_counter() - start
             tokens = out.shape[1] - inputs["input_ids"].shape[1]
             row[name] = {"tokens": tokens, "seconds": seconds, "forwards": len(forwards)}
             totals[name] = [totals[name][0] + tokens, totals[name][1] + seconds, totals[name][2] + len(forwards)]
@@ -85,7 +117,7 @@ def main():
     plain_rate = totals["plain"][0] / totals["plain"][1]
     summary = {name: {"tok_s": t / s, "speedup": t / s / plain_rate, "tau": t / f} for name, (t, s, f) in totals.items()}
     for name, result in summary.items():
-        print(f"{name:32s} {result['tok_s']:6.1f} tok/s  {result['speedup']:5.2f}x  tau {result['tau']:.2f}")
+        print(f"{name:36s} {result['tok_s']:6.1f} tok/s  {result['speedup']:5.2f}x  tau {result['tau']:.2f}")
     Path(args.out).write_text(json.dumps({"settings": vars(args), "summary": summary, "prompts": rows}, indent=1))
 
 

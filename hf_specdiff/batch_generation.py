@@ -8,6 +8,8 @@ import torch
 from transformers import DynamicCache, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
+from .generation_specdiff import sample_rows, top_p_candidates
+
 # Finished rows are dropped once no more than this share of the batch is still running: each drop copies the whole
 # KV cache, so rows are let go in groups (a finished row costs a little compute until then; its tokens are ignored).
 COMPACT_AT = 0.75
@@ -72,22 +74,14 @@ def sample_tokens(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     distribution: sorting and `multinomial` over 128 x 49k logits each cost about as much as the model's forward."""
     probs = (logits.float() / temperature).softmax(-1)
     if top_p >= 1.0:
-        return _inverse_cdf(probs, generator)
-    top, ids = probs.topk(min(candidates, probs.shape[-1]), dim=-1)
-    keep = top.cumsum(-1) - top < top_p
-    tokens = ids.gather(-1, _inverse_cdf(top * keep, generator)[:, None]).squeeze(-1)
+        return sample_rows(probs, 1, generator)[:, 0]
+    top, ids, keep = top_p_candidates(probs, top_p, candidates)
+    tokens = ids.gather(-1, sample_rows(top * keep, 1, generator)).squeeze(-1)
     wide = keep[:, -1]  # rows whose nucleus may reach past their candidates
     if wide.any():
         nucleus = TopPLogitsWarper(top_p)(None, probs[wide].log()).softmax(-1)
-        tokens[wide] = _inverse_cdf(nucleus, generator)
+        tokens[wide] = sample_rows(nucleus, 1, generator)[:, 0]
     return tokens
-
-
-def _inverse_cdf(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One index per row of non-negative `weights` [rows, n], drawn with probability proportional to its weight."""
-    cdf = weights.double().cumsum(-1)
-    u = torch.rand(weights.shape[0], 1, generator=generator, dtype=torch.float64, device=weights.device) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(-1).clamp_max(weights.shape[-1] - 1)
 
 
 def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:

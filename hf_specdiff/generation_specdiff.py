@@ -24,7 +24,7 @@ import time
 
 import torch
 
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, TopPLogitsWarper
 
 
 class SpecDiffCache:
@@ -490,12 +490,54 @@ def block_attention_mask(num_new: int, num_cached: int, block_len: int, device) 
     return mask[None, None]
 
 
+def top_p_candidates(probs: torch.Tensor, top_p: float, candidates: int = 1024):
+    """The `candidates` most probable tokens of each row of `probs` [rows, vocab] (their probabilities and ids,
+    [rows, candidates]) and which of them are in the row's top-p nucleus (the probability ranked above a token is
+    under `top_p`). Where a row's last candidate is kept, its nucleus may reach past its candidates."""
+    top, ids = probs.topk(min(candidates, probs.shape[-1]), dim=-1)
+    return top, ids, top.cumsum(-1) - top < top_p
+
+
+class CandidateTopPLogitsWarper(TopPLogitsWarper):
+    """transformers' `TopPLogitsWarper` for draft positions: the same nucleus (up to rounding at its edge), found among
+    the `candidates` most probable tokens instead of by sorting the whole vocabulary, which cost more than a small
+    drafter's forward (the whole vocabulary only for a row whose candidates hold less than `top_p`). Lossless: a draft
+    token may come from any distribution, as long as its scores are the ones it was drawn from."""
+
+    candidates = 1024
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        _, ids, keep = top_p_candidates(scores.float().softmax(-1), self.top_p, self.candidates)
+        keep[:, :self.min_tokens_to_keep] = True
+        kept = torch.where(keep, scores.gather(-1, ids), self.filter_value)
+        processed = torch.full_like(scores, self.filter_value).scatter_(-1, ids, kept)
+        wide = keep[:, -1]  # rows whose nucleus may reach past their candidates
+        if wide.any():
+            processed[wide] = super().__call__(input_ids, scores[wide])
+        return processed
+
+
+def draft_processors(logits_processor: LogitsProcessorList) -> LogitsProcessorList:
+    """`logits_processor` with its top-p warpers computed among candidates (`CandidateTopPLogitsWarper`)."""
+    return LogitsProcessorList(
+        CandidateTopPLogitsWarper(p.top_p, p.filter_value, p.min_tokens_to_keep) if type(p) is TopPLogitsWarper else p
+        for p in logits_processor)
+
+
 def select_tokens(scores: torch.Tensor, do_sample: bool, generator: torch.Generator | None = None) -> torch.Tensor:
     """Draw one token per row of processed logits `scores` [n, vocab]: argmax, or a sample of softmax(scores)."""
     if not do_sample:
         return scores.argmax(-1)
-    probs = scores.float().softmax(-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return sample_rows(scores.float().softmax(-1), 1, generator)[:, 0]
+
+
+def sample_rows(weights: torch.Tensor, num_samples: int, generator: torch.Generator | None = None) -> torch.Tensor:
+    """`num_samples` independent draws [rows, num_samples] per row of non-negative `weights` [rows, n], each index
+    with probability proportional to its weight: by inverting the cumulative distribution (`torch.multinomial` cost
+    about 1 ms a row of 49k here, this 0.04 ms)."""
+    cdf = weights.double().cumsum(-1)
+    u = torch.rand(weights.shape[0], num_samples, generator=generator, dtype=torch.float64, device=weights.device)
+    return torch.searchsorted(cdf, u * cdf[:, -1:], right=True).clamp_max(weights.shape[-1] - 1)
 
 
 @torch.no_grad()
@@ -517,6 +559,7 @@ def draft_block(
     """
     config = drafter.config
     device = input_ids.device
+    logits_processor = draft_processors(logits_processor)
     block_len = max(num_tokens, config.max_draft_tokens)
     step_forward = (_conditioned_forward if config.is_conditioned else _standalone_forward)(
         drafter, input_ids, cache, num_tokens, block_len)

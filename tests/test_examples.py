@@ -135,10 +135,11 @@ def test_sampling_vs_commit(models, tmp_path):
         "--prompts", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "12",
         "--out", str(tmp_path / "sampling.json"))
     saved = json.loads((tmp_path / "sampling.json").read_text())
-    assert set(saved["summary"]) == {"plain", "prompt lookup", "K=4 + lookup at HEAD", "K=4 + lookup, this checkout"}
+    assert set(saved["summary"]) == {"plain", "prompt lookup", "drop-in at HEAD", "drop-in, this checkout",
+                                     "K=4 + lookup at HEAD", "K=4 + lookup, this checkout"}
     assert saved["summary"]["plain"]["tau"] == 1.0 and len(saved["prompts"]) == 2
     rows = [row for prompt in saved["prompts"] for key, row in prompt.items() if key != "category"]
-    assert len(rows) == 8 and all(1 <= row["tokens"] <= 12 for row in rows)  # a sampled answer may end early
+    assert len(rows) == 12 and all(1 <= row["tokens"] <= 12 for row in rows)  # a sampled answer may end early
 
 
 def test_verifier_cost(models):

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
 import hf_specdiff.generation_specdiff as generation
 from helpers import sampled_sequences, sharp_verifier, tiny_drafter, train_briefly
@@ -35,6 +36,31 @@ def test_assisted_sampling_matches_target(setup, steps, draft_vocab):
     train_briefly(drafter, sampled_sequences(verifier, prompt, 64, 12), steps=40, noise="suffix")
     torch.manual_seed(1)
     assert chi_square_pvalue(sample_pairs(verifier, drafter, prompt), exact) > 1e-3
+
+
+def test_top_p_warper_among_candidates_keeps_transformers_nucleus(monkeypatch):
+    monkeypatch.setattr(generation.CandidateTopPLogitsWarper, "candidates", 16)
+    torch.manual_seed(0)
+    logits = torch.cat([torch.randn(6, 64) * 4, torch.randn(2, 64) * 1e-3])  # near-flat rows: nucleus over 16 tokens
+    for top_p, keep in ((0.9, 1), (0.5, 1), (0.05, 3)):
+        expected = TopPLogitsWarper(top_p, min_tokens_to_keep=keep)(None, logits)
+        processed = generation.CandidateTopPLogitsWarper(top_p, min_tokens_to_keep=keep)(None, logits)
+        assert torch.equal(processed.isinf(), expected.isinf())
+        assert torch.equal(processed[~processed.isinf()], logits[~expected.isinf()])
+    processors = generation.draft_processors(LogitsProcessorList([TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.9)]))
+    assert [type(p) for p in processors] == [TemperatureLogitsWarper, generation.CandidateTopPLogitsWarper]
+
+
+def test_top_p_sampling_matches_target_with_the_drafts_nucleus_among_candidates(setup, monkeypatch):
+    verifier, prompt, _ = setup
+    monkeypatch.setattr(generation.CandidateTopPLogitsWarper, "candidates", 3)  # of the 8 tokens: both branches run
+    drafter = tiny_drafter(verifier, block_size=4)
+    train_briefly(drafter, sampled_sequences(verifier, prompt, 64, 12), steps=40, noise="suffix")
+    torch.manual_seed(1)
+    pairs = torch.stack([verifier.generate(prompt, max_new_tokens=3, do_sample=True, top_k=None, top_p=0.8,
+                                           temperature=3.0, eos_token_id=None, assistant_model=drafter)[0, prompt.shape[1]:][:2]
+                         for _ in range(SAMPLES)])
+    assert chi_square_pvalue(pairs, exact_first_two(verifier, prompt, temperature=3.0, top_p=0.8)) > 1e-3
 
 
 def test_chi_square_catches_a_biased_drafter(setup, monkeypatch):
