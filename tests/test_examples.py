@@ -142,6 +142,27 @@ def test_sampling_vs_commit(models, tmp_path):
     assert len(rows) == 12 and all(1 <= row["tokens"] <= 12 for row in rows)  # a sampled answer may end early
 
 
+def test_lookup_acceptance_by_ngram(models, tmp_path):
+    out = run("lookup_acceptance_by_ngram.py", "--verifier", str(models / "verifier"), "--prompts",
+              str(models / "prompts.jsonl"), "--per-category", "2", "--max-new-tokens", "24", "--lookup-tokens", "4",
+              "--out", str(tmp_path / "by_ngram.json"))
+    rows = json.loads((tmp_path / "by_ngram.json").read_text())["results"]
+    overall = {key: row for key, row in rows.items() if key.startswith("all/")}
+    assert overall and all(key.split("/")[0] in ("qa", "math", "all") for key in rows)
+    assert all(key.split("/")[1] in ("n1", "n2", "n3", "n4") for key in rows)
+    assert all(0 <= row["first_accepted"] <= row["mean_accepted"] <= 4 for row in rows.values())
+    for key, row in overall.items():  # each round counts once per occurrence, once per category and once overall
+        assert rows[key.replace("latest", "earliest") if "latest" in key else key.replace("earliest", "latest")][
+            "rounds"] == row["rounds"] == sum(r["rounds"] for k, r in rows.items()
+                                                 if not k.startswith("all/") and k.split("/", 1)[1] == key[4:])
+    assert "all/n" in out
+
+
+def test_draft_processors_cost(models):
+    out = run("draft_processors_cost.py", "--rows", "1,3", "--vocab-size", "2048", "--repeats", "1", "--threads", "1")
+    assert re.findall(r"(\d+) rows: transformers' warpers \+ multinomial [0-9.]+ ms, draft_processors", out) == ["1", "3"]
+
+
 def test_verifier_cost(models):
     out = run("verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20,40",
               "--rows", "1,4", "--threads", "1", "--attn", "eager")
