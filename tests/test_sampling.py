@@ -57,8 +57,8 @@ def test_top_p_sampling_matches_target_with_the_drafts_nucleus_among_candidates(
     drafter = tiny_drafter(verifier, block_size=4)
     train_briefly(drafter, sampled_sequences(verifier, prompt, 64, 12), steps=40, noise="suffix")
     torch.manual_seed(1)
-    pairs = torch.stack([verifier.generate(prompt, max_new_tokens=3, do_sample=True, top_k=None, top_p=0.8,
-                                           temperature=3.0, eos_token_id=None, assistant_model=drafter)[0, prompt.shape[1]:][:2]
+    sampling = dict(max_new_tokens=3, do_sample=True, top_k=None, top_p=0.8, temperature=3.0, eos_token_id=None)
+    pairs = torch.stack([verifier.generate(prompt, **sampling, assistant_model=drafter)[0, prompt.shape[1]:][:2]
                          for _ in range(SAMPLES)])
     assert chi_square_pvalue(pairs, exact_first_two(verifier, prompt, temperature=3.0, top_p=0.8)) > 1e-3
 
