@@ -8,6 +8,38 @@ from pathlib import Path
 import torch
 
 DEMO_PROMPT = "Explain speculative decoding in two sentences."
+TRAINED = "pass the folder that `hf-specdiff train --out` or `hf-specdiff package` wrote"
+PACKAGED = "pass the folder that `hf-specdiff package` wrote"
+
+
+def checked_folder(path, what: str, fix: str, holds: str = "config.json") -> Path:
+    """`path` if it is a folder holding the file `holds`; else a one-line error saying there is no `what` there, why,
+    and `fix`. Commands call it before loading any model."""
+    path = Path(path)
+    problem = "no such folder" if not path.exists() else "not a folder" if not path.is_dir() else \
+        None if (path / holds).is_file() else f"it has no {holds}"
+    if problem:
+        raise FileNotFoundError(f"no {what} at {path} ({problem}): {fix}")
+    return path
+
+
+def checked_file(path, what: str, fix: str) -> Path:
+    """`path` if it is a file; else a one-line error saying there is no `what` there, why, and `fix`."""
+    path = Path(path)
+    if not path.is_file():
+        problem = "a folder, not a file" if path.is_dir() else "no such file"
+        raise FileNotFoundError(f"no {what} at {path} ({problem}): {fix}")
+    return path
+
+
+def checked_verifier(name: str) -> str:
+    """`name` if it is a known verifier name or a model folder; else a one-line error listing the known names."""
+    from .verifiers import KNOWN_VERIFIERS
+
+    if name not in KNOWN_VERIFIERS:
+        checked_folder(name, "verifier folder", f"pass a known verifier name ({', '.join(sorted(KNOWN_VERIFIERS))}) "
+                                                "or a model folder with a config.json")
+    return name
 
 
 def _add_train_arguments(parser: argparse.ArgumentParser):
@@ -35,9 +67,10 @@ def _train_config(args):
 
 
 def cmd_setup(args):
-    from .verifiers import prepare_verifier
+    from .verifiers import KNOWN_VERIFIERS, prepare_verifier
 
-    print(prepare_verifier(args.verifier))
+    name = checked_verifier(args.verifier)
+    print(prepare_verifier(name) if name in KNOWN_VERIFIERS else name)  # a model folder needs no conversion
 
 
 def cmd_distill_data(args):
@@ -45,6 +78,7 @@ def cmd_distill_data(args):
     from .data import DistillDataConfig, make_distill_data, read_prompts
     from .verifiers import load_verifier
 
+    checked_verifier(args.verifier)
     prompts = read_prompts(args.prompts)
     if args.limit:
         prompts = prompts[: args.limit]
@@ -61,7 +95,7 @@ def cmd_synth_prompts(args):
     from .magpie import synthesize_prompts
     from .verifiers import load_verifier
 
-    verifier, tokenizer = load_verifier(args.verifier, dtype=_dtype(args.dtype), device=args.device)
+    verifier, tokenizer = load_verifier(checked_verifier(args.verifier), dtype=_dtype(args.dtype), device=args.device)
     synthesize_prompts(verifier, tokenizer, args.num_prompts, args.out, batch_size=args.batch_size,
                        temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                        seed=args.seed)
@@ -71,6 +105,10 @@ def cmd_synth_prompts(args):
 def cmd_train(args):
     from .training import train
 
+    checked_verifier(args.verifier)
+    for folder in filter(None, (part.strip() for part in args.data.split(","))):
+        checked_folder(folder, "distillation data folder", "make one with `hf-specdiff distill-data --out`",
+                       holds="meta.json")
     print(f"drafter in {train(_train_config(args))}")
 
 
@@ -80,9 +118,10 @@ def cmd_eval_drafter(args):
     from .modeling_specdiff import SpecDiffDrafter
     from .verifiers import load_verifier
 
-    verifier, tokenizer = load_verifier(args.verifier, dtype=_dtype(args.dtype), device=args.device)
-    drafter = SpecDiffDrafter.from_pretrained(args.drafter, dtype=verifier.dtype).to(verifier.device).eval()
+    checked_folder(args.drafter, "drafter folder", TRAINED)
     prompts = read_prompts(args.prompts)[: args.limit or None]
+    verifier, tokenizer = load_verifier(checked_verifier(args.verifier), dtype=_dtype(args.dtype), device=args.device)
+    drafter = SpecDiffDrafter.from_pretrained(args.drafter, dtype=verifier.dtype).to(verifier.device).eval()
     report = evaluate_drafter(verifier, tokenizer, drafter, prompts, num_drafts=args.num_drafts,
                               draft_length=args.draft_length, num_denoising_steps=args.steps,
                               max_new_tokens=args.max_new_tokens)
@@ -94,6 +133,9 @@ def cmd_eval_drafter(args):
 def cmd_demo(args):
     from .demo import run_demo
 
+    if args.drafter:
+        checked_folder(args.drafter, "drafter folder", f"{TRAINED}, or leave --drafter out for the shipped drafter")
+    checked_verifier(args.verifier)
     prompts = list(args.prompt)
     if args.prompt_file:
         from .data import read_prompts
@@ -118,6 +160,7 @@ def cmd_bench(args):
 
     prompts = read_spec_bench(args.prompts, args.per_category)  # bad arguments fail before any model loads
     sampling = _sampling(args)
+    _check_bench_models(args)
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     run_info = {k: settings[k] for k in ("verifier", "drafter", "compare_drafter", "mdlm_drafter", "ar_drafter",
                                          "dtype", "drafter_dtype", "threads")}
@@ -144,6 +187,19 @@ def cmd_bench(args):
     save(summary, args.out)
 
 
+def _check_bench_models(args):
+    checked_verifier(args.verifier)
+    for path, what, fix in (
+            (args.drafter, "drafter folder", f"{TRAINED}, or leave --drafter out for the shipped drafter"),
+            (args.compare_drafter, "drafter folder", TRAINED),
+            (args.mdlm_drafter, "mdlm drafter folder", "pass the folder that `hf-specdiff train --objective mdlm "
+                                                       "--out` wrote"),
+            (args.ar_drafter, "autoregressive drafter folder", "pass a model folder, e.g. the one that `hf-specdiff "
+                                                               "train --kind ar --out` wrote")):
+        if path:
+            checked_folder(path, what, fix)
+
+
 def _sampling(args) -> dict | None:
     """bench's sampling options from --temperature/--top-p/--top-k (None: greedy)."""
     if args.temperature < 0 or not 0 < args.top_p <= 1 or args.top_k < 0:
@@ -160,8 +216,14 @@ def cmd_card(args):
 
     from .hub import render_card, validate_model_folder
 
-    bench = [(_bench_title(path), json.loads(Path(path).read_text())) for path in args.bench or []]
-    recipe_path = Path(args.recipe or Path(args.folder) / "training_recipe.json")
+    checked_folder(args.folder, "drafter folder", PACKAGED)
+    bench_files = [checked_file(path, "bench results", "pass the results.json that `hf-specdiff bench --out` wrote")
+                   for path in args.bench or []]
+    bench = [(_bench_title(path), json.loads(path.read_text())) for path in bench_files]
+    recipe_path = Path(args.folder) / "training_recipe.json"
+    if args.recipe:
+        recipe_path = checked_file(args.recipe, "training recipe", "pass the training_recipe.json that `hf-specdiff "
+                                   "train --out` wrote, or leave --recipe out for the folder's own")
     recipe = json.loads(recipe_path.read_text()) if recipe_path.exists() else None
     card = render_card(args.folder, args.base_model, bench=bench, recipe=recipe, datasets=tuple(args.dataset or ()),
                        reproduce=args.reproduce)
@@ -183,6 +245,7 @@ def _bench_title(path: str) -> str:
 def cmd_push(args):
     from .hub import push
 
+    checked_folder(args.folder, "drafter folder", f"{PACKAGED} and `hf-specdiff card` validated")
     files = push(args.folder, args.repo, dry_run=args.dry_run)
     print(("would upload" if args.dry_run else "uploaded") + f" to {args.repo}:")
     for name in files:
@@ -198,6 +261,7 @@ def cmd_export_custom_generate(args):
 def cmd_package(args):
     from .hub import package_drafter
 
+    checked_folder(args.drafter, "drafter folder", "pass the folder that `hf-specdiff train --out` wrote")
     print(package_drafter(args.drafter, args.out, None if args.dtype == "same" else _dtype(args.dtype)))
 
 
@@ -205,6 +269,8 @@ def cmd_export(args):
     from .export import export_drafter
     from .modeling_specdiff import SpecDiffDrafter
 
+    checked_folder(args.drafter, "drafter folder", "pass the folder of a dflash-layout drafter, as `hf-specdiff train "
+                                                   "--layout dflash --verifier-layers auto --out` writes it")
     drafter = SpecDiffDrafter.from_pretrained(args.drafter)
     print(export_drafter(drafter, args.out, args.format))
 
@@ -224,8 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _setup_parser(sub):
-    p = sub.add_parser("setup", help="convert a registry-shipped verifier to a cached safetensors folder")
-    p.add_argument("--verifier", default="smollm2-135m-instruct")
+    p = sub.add_parser("setup", help="convert a registry-shipped verifier to a cached safetensors folder, and print "
+                                     "the folder")
+    p.add_argument("--verifier", default="smollm2-135m-instruct",
+                   help="a known verifier name (a model folder needs no setup: printed as it is)")
     p.set_defaults(func=cmd_setup)
 
 

@@ -2,12 +2,12 @@
 each with plain greedy decoding."""
 
 import sys
-import time
 
 import torch
 
 from .compat import check_compatibility
 from .decoding import SpecDiffStats, generate
+from .generation_specdiff import device_clock
 from .modeling_specdiff import SpecDiffDrafter
 from .shipped import shipped_drafter_path
 from .threads import torch_threads
@@ -97,13 +97,13 @@ def _compare(model, tokenizer, draft_model, prompt: str | list, options: dict, m
 
     print(f"\n> {prompt}")
     stats = SpecDiffStats()
-    start = time.perf_counter()
+    start = device_clock(model.device)
     fast = generate(model, draft_model, **inputs, **options, stats=stats,
                     streamer=DraftMarkingStreamer(tokenizer, colour), **kwargs)
-    fast_s = time.perf_counter() - start
-    start = time.perf_counter()
+    fast_s = device_clock(model.device) - start
+    start = device_clock(model.device)
     plain = model.generate(**inputs, **kwargs)
-    plain_s = time.perf_counter() - start
+    plain_s = device_clock(model.device) - start
 
     result = {"prompt": prompt, "plain_tok_s": (plain.shape[1] - prompt_len) / plain_s,
               "specdiff_tok_s": (fast.shape[1] - prompt_len) / fast_s, "tau": stats.tau,

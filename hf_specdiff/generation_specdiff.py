@@ -27,6 +27,17 @@ import torch
 from transformers import LogitsProcessorList, TopPLogitsWarper
 
 
+def device_clock(device: torch.device | str) -> float:
+    """`time.perf_counter()` once the work queued on `device` has run: on an asynchronous device (CUDA, XPU, MPS) a
+    host clock alone would time the queueing of a round, not the round. Called where a policy times rounds, at
+    points where the loop has waited for the device anyway (its acceptance decision), so it adds no stall there."""
+    device = torch.device(device)
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if backend is not None and hasattr(backend, "synchronize"):
+        backend.synchronize() if device.type == "mps" else backend.synchronize(device)
+    return time.perf_counter()
+
+
 class SpecDiffCache:
     """Keys and values of the drafter's committed prefix, with the cache interface transformers' assisted loop uses.
 
@@ -424,11 +435,11 @@ class AssistantRounds:
 
     def observe(self, input_ids: torch.Tensor):
         """Call at the start of a drafting call with its `input_ids` [1, seq]."""
-        now = time.perf_counter()
+        now = device_clock(input_ids.device)
         if self.draft is not None:
-            seen = input_ids[0, self.start:self.start + self.draft.shape[0]].to(self.draft.device)
-            accepted = int((seen == self.draft[:seen.shape[0]]).long().cumprod(0).sum())
-            accepted = min(accepted, input_ids.shape[1] - self.start - 1)  # the last new token is the verifier's
+            # the loop appended the accepted draft tokens and one token of the verifier's, which differs from the
+            # draft's next token (greedy: the argmax that rejected it; sampling: a draw from a residual without it)
+            accepted = min(self.draft.shape[0], input_ids.shape[1] - self.start - 1)
             seconds = now - self.started_at if self.timed else None
             self.source.update(self.draft.shape[0], accepted, seconds)
             if self.lookup_policy is not None and self.draft.shape[0] == 0:
@@ -569,15 +580,17 @@ def draft_block(
     if do_sample and schedule == "confidence":
         schedule = "left_to_right"  # confidence order depends on sampled values: biased for sampling
 
+    first = 0  # left to right: the chunk's first position, known without asking the device
     for step, chunk in enumerate(unmasking_chunks(num_tokens, num_steps)):
         logits = step_forward(block, step == 0)
         if schedule == "confidence":
             confidence = logits.max(-1).values.masked_fill(decided, float("-inf"))
             positions_now = confidence.topk(chunk).indices.sort().values
+            decided_left = int(decided.long().cumprod(0).sum())  # a host sync: the order depends on the logits
         else:
-            first = int(decided.sum())
             positions_now = torch.arange(first, first + chunk, device=device)
-        context_len = input_ids.shape[1] + int(decided.long().cumprod(0).sum())  # ids decided left of the chunk
+            decided_left, first = first, first + chunk
+        context_len = input_ids.shape[1] + decided_left  # ids decided left of the chunk
         context = torch.cat([input_ids, block], dim=1)[:, :context_len].expand(chunk, -1)
         step_scores = logits_processor(context, logits[positions_now])
         block[0, positions_now] = select_tokens(step_scores, do_sample)

@@ -52,7 +52,7 @@ def test_cli_prints_its_own_errors_as_one_line_and_others_whole(monkeypatch, cap
     from hf_specdiff import cli
 
     assert cli.main(["demo", "--drafter", "/nonexistent/drafter"]) == 2
-    assert "hf-specdiff demo: error: no drafter at /nonexistent/drafter" in capsys.readouterr().err
+    assert "hf-specdiff demo: error: no drafter folder at /nonexistent/drafter" in capsys.readouterr().err
     monkeypatch.setattr(cli, "cmd_setup", lambda args: json.loads("{"))  # a ValueError from another library
     with pytest.raises(json.JSONDecodeError):
         cli.main(["setup"])
@@ -171,7 +171,46 @@ def test_commands_fail_on_bad_files_before_loading_models(tmp_path, capsys):
     assert "--top-p and --top-k take effect only when sampling" in capsys.readouterr().err
     assert main(["bench", "--prompts", str(prompts), "--temperature", "-1", "--verifier", str(tmp_path / "x")]) == 2
     assert "--temperature must be >= 0" in capsys.readouterr().err
-    tiny_drafter(tiny_verifier("llama")).save_pretrained(tmp_path / "drafter")
+    verifier = tiny_verifier("llama")
+    verifier.config.save_pretrained(tmp_path / "verifier")  # a config without weights: loading it would fail
+    tiny_drafter(verifier).save_pretrained(tmp_path / "drafter")
     (tmp_path / "drafter" / "model.safetensors").unlink()
-    assert main(["demo", "--drafter", str(tmp_path / "drafter"), "--verifier", str(tmp_path / "nothing")]) == 2
+    assert main(["demo", "--drafter", str(tmp_path / "drafter"), "--verifier", str(tmp_path / "verifier")]) == 2
     assert "has a config.json but no weights" in capsys.readouterr().err
+
+
+def test_cli_folder_arguments_fail_in_one_line_naming_the_fix_before_loading(tmp_path, monkeypatch, capsys):
+    from transformers import AutoModelForCausalLM
+
+    from hf_specdiff import cli, verifiers
+
+    def load(*args, **kwargs):
+        raise AssertionError("a model loaded before the command checked its folders")
+
+    for owner in (AutoModelForCausalLM, SpecDiffDrafter):
+        monkeypatch.setattr(owner, "from_pretrained", load)
+    monkeypatch.setattr(verifiers, "load_verifier", load)
+    missing, empty, out = tmp_path / "missing", tmp_path / "empty", str(tmp_path / "out")
+    empty.mkdir()
+    prompts = tmp_path / "question.jsonl"
+    prompts.write_text('{"category": "qa", "turns": ["hi"]}\n')
+    trained = "pass the folder that `hf-specdiff train --out`"
+    cases = [  # (arguments, the error up to its fix, a part of the fix)
+        (["bench", "--prompts", str(prompts), "--drafter", str(missing)],
+         f"no drafter folder at {missing} (no such folder)", "or leave --drafter out for the shipped drafter"),
+        (["eval-drafter", "--verifier", "smollm2-135m-instruct", "--drafter", str(empty), "--prompts", str(prompts)],
+         f"no drafter folder at {empty} (it has no config.json)", trained),
+        (["export", str(missing), out, "--format", "dflash"], f"no drafter folder at {missing} (no such folder)",
+         "dflash-layout drafter, as `hf-specdiff train --layout dflash"),
+        (["package", str(missing), out], f"no drafter folder at {missing} (no such folder)", trained),
+        (["card", str(missing)], f"no drafter folder at {missing} (no such folder)", "`hf-specdiff package` wrote"),
+        (["distill-data", "--verifier", "smollm3", "--prompts", str(prompts), "--out", out],
+         "no verifier folder at smollm3 (no such folder)",
+         "pass a known verifier name (gemma-3-270m, smollm2-135m-instruct) or a model folder with a config.json"),
+        (["train", "--verifier", "smollm2-135m-instruct", "--data", str(empty), "--out", out],
+         f"no distillation data folder at {empty} (it has no meta.json)", "`hf-specdiff distill-data --out`"),
+    ]
+    for argv, problem, fix in cases:
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith(f"hf-specdiff {argv[0]}: error: {problem}: ") and fix in err and err.count("\n") == 1, err

@@ -138,4 +138,4 @@ def test_package_writes_a_trained_drafter_as_a_hub_folder_in_bf16(tmp_path, caps
     assert cli(["package", str(tmp_path / "run"), str(tmp_path / "run")]) == 2
     assert "is the drafter's own folder" in capsys.readouterr().err
     assert cli(["package", str(tmp_path / "none"), str(tmp_path / "card2")]) == 2
-    assert "no drafter at" in capsys.readouterr().err
+    assert "no drafter folder at" in capsys.readouterr().err

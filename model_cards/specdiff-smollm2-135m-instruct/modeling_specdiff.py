@@ -420,15 +420,19 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             raise ValueError("SpecDiffDrafter does not take padded inputs: pass an unpadded single prompt.")
         hidden = self.model(position_ids=position_ids, past_key_values=past_key_values,
                             verifier_features=context_hidden_states, inputs_embeds=noise_embeds.to(self.dtype))
-        return BaseModelOutputWithPast(last_hidden_state=hidden, past_key_values=past_key_values)
+        # the loop applies the verifier's head next: hand the states over in the verifier's dtype (the embeddings'),
+        # so a drafter loaded as saved (bf16) works beside a verifier in another dtype
+        return BaseModelOutputWithPast(last_hidden_state=hidden.to(noise_embeds.dtype), past_key_values=past_key_values)
 
-    def _check_inputs(self, input_ids, attention_mask, num_tokens):
+    def _check_inputs(self, input_ids, attention_mask, num_tokens, new_sequence: bool = True):
+        """Raise an error naming the fix for inputs this drafter cannot draft after. The token ids and the mask are
+        read (a host sync on a GPU) for a new sequence only: later calls extend it with the verifier's tokens."""
         if input_ids.shape[0] != 1:
             raise ValueError(
                 f"SpecDiffDrafter drafts for one sequence at a time (got batch size {input_ids.shape[0]}); "
                 "call generate once per prompt."
             )
-        if attention_mask is not None and not bool(attention_mask.all()):
+        if new_sequence and attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("SpecDiffDrafter does not take padded inputs: pass an unpadded single prompt.")
         if input_ids.shape[1] == 0:
             raise ValueError("The prompt is empty: pass at least one token (for example the BOS token).")
@@ -437,10 +441,14 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                 f"Asked for {num_tokens} draft tokens but this drafter drafts at most {self.config.max_draft_tokens}: "
                 "lower `num_assistant_tokens` in `drafter.generation_config` (or `max_new_tokens`) to at most that."
             )
-        if int(input_ids.max()) >= self.config.vocab_size or int(input_ids.min()) < 0:
+        if not new_sequence:
+            return
+        low, high = torch.stack([input_ids.min(), input_ids.max()]).tolist()
+        if low < 0 or high >= self.config.vocab_size:
             raise ValueError(
-                f"Token id {int(input_ids.max())} is outside the drafter's vocabulary ({self.config.vocab_size}): "
-                "the drafter was made for another tokenizer. Use a drafter trained for this verifier."
+                f"Token id {high if high >= self.config.vocab_size else low} is outside the drafter's vocabulary "
+                f"({self.config.vocab_size}): the drafter was made for another tokenizer. Use a drafter trained for "
+                "this verifier."
             )
 
     @property
@@ -613,7 +621,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         generation_config = copy.copy(generation_config or self.generation_config)
         generation_config.update(**{k: v for k, v in kwargs.items() if hasattr(generation_config, k)})
         num_tokens = max_new_tokens or generation_config.max_new_tokens or self.config.max_draft_tokens
-        self._check_inputs(input_ids, attention_mask, num_tokens)
+        self._check_inputs(input_ids, attention_mask, num_tokens, new_sequence=past_key_values is None)
         if past_key_values is None:
             past_key_values = SpecDiffCache()
         elif not isinstance(past_key_values, SpecDiffCache):

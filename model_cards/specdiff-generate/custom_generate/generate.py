@@ -42,7 +42,12 @@ import torch
 
 from transformers import GenerationMixin
 from transformers.generation.candidate_generator import CandidateGenerator
-from transformers.generation.stopping_criteria import StopStringCriteria, StoppingCriteriaList
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    StoppingCriteriaList,
+    StopStringCriteria,
+)
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 
@@ -55,6 +60,16 @@ DEFAULT_MAX_TREE_NODES = 15
 # A tree with a lookup branch holds the distinct continuations of the latest this many matches: in the tree, the
 # verifier keeps whichever agrees longest (docs/benchmarks.md: tau and speed against a single lookup draft).
 DEFAULT_NUM_LOOKUP_DRAFTS = 4
+
+
+def device_clock(device: torch.device | str) -> float:
+    """`time.perf_counter()` once the work queued on `device` has run (a copy of `generation_specdiff.device_clock`:
+    this file also ships alone). Rounds are timed where the loop waits for the device anyway, so it adds no stall."""
+    device = torch.device(device)
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if backend is not None and hasattr(backend, "synchronize"):
+        backend.synchronize() if device.type == "mps" else backend.synchronize(device)
+    return time.perf_counter()
 
 
 @dataclass
@@ -121,7 +136,7 @@ class DiffusionCandidateGenerator(CandidateGenerator):
 
     def get_candidates(self, input_ids: torch.LongTensor, model_outputs=None, is_first_iteration: bool = False,
                        **kwargs):
-        self._round_started = time.perf_counter() if self.stats.rounds else None
+        self._round_started = device_clock(input_ids.device) if self.stats.rounds else None
         num_tokens = min(self.policy.next_length(allow_skip=True), self.max_length - input_ids.shape[1] - 1)
         if self.requires_model_outputs:
             if model_outputs is not None and self._verified is not None:
@@ -142,7 +157,7 @@ class DiffusionCandidateGenerator(CandidateGenerator):
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
         self.stats.record_round(self._last_draft_len, int(num_matches))
-        seconds = None if self._round_started is None else time.perf_counter() - self._round_started
+        seconds = None if self._round_started is None else device_clock(input_ids.device) - self._round_started
         self.policy.update(self._last_draft_len, int(num_matches), seconds)
 
 
@@ -162,6 +177,7 @@ class DraftTree:
     draws: dict[int, list[tuple[int, int, bool]]]
     ancestors: torch.Tensor  # [N, N] bool: ancestors[n, u] = u is n or an ancestor of n
     fixed_only: set[int]  # nodes that only fixed drafts pass through
+    max_depth: int = 0
 
     @classmethod
     def from_drafts(cls, drafts, fixed: list[list[int]] = ()) -> "DraftTree":
@@ -191,7 +207,7 @@ class DraftTree:
             if parents[node] >= 0:
                 ancestors[node] |= ancestors[parents[node]]
         return cls(torch.tensor(tokens, dtype=torch.long), parents, torch.tensor(depths, dtype=torch.long), draws,
-                   ancestors, set(range(n)) - drafted)
+                   ancestors, set(range(n)) - drafted, max(depths, default=0))
 
     def __len__(self) -> int:
         return len(self.parents)
@@ -205,15 +221,20 @@ class DraftTree:
         return out[::-1]
 
 
-def top_k_drafts(log_q: torch.Tensor, k: int) -> torch.Tensor:
-    """The k most probable sequences [k', g] (k' <= k) under the product of the marginals exp(log_q) [g, V]."""
-    top = log_q.topk(min(k, log_q.shape[1]), dim=-1)  # a best sequence only uses each position's k best tokens
-    beams = [((), 0.0)]
-    for values, tokens in zip(top.values.tolist(), top.indices.tolist()):  # beam search, k wide
-        candidates = sorted(((beam + (token,), score + value) for beam, score in beams
-                             for value, token in zip(values, tokens)), key=lambda c: -c[1])
-        beams = [c for c in candidates[:k] if c[1] > float("-inf")]
-    return torch.tensor([beam for beam, _ in beams], dtype=torch.long).reshape(len(beams), log_q.shape[0])
+def top_k_drafts(log_q: torch.Tensor, k: int) -> tuple[list[list[int]], list[list[float]]]:
+    """The k most probable sequences (k' <= k rows of g tokens) under the product of the marginals exp(log_q) [g, V],
+    and each row's log-probabilities of its prefixes. One transfer from the device: the k best tokens per position."""
+    width = min(k, log_q.shape[1])  # a best sequence only uses each position's k best tokens
+    top = log_q.topk(width, dim=-1)
+    rows = torch.cat([top.values.double(), top.indices.double()], dim=-1).tolist()
+    values, tokens = [row[:width] for row in rows], [row[width:] for row in rows]
+    beams = [((), ())]  # (tokens, prefix log-probabilities)
+    for position_values, position_tokens in zip(values, tokens):  # beam search, k wide
+        candidates = sorted(((beam + (int(token),), scores + ((scores[-1] if scores else 0.0) + value,))
+                             for beam, scores in beams for value, token in zip(position_values, position_tokens)),
+                            key=lambda c: -c[1][-1])
+        beams = [c for c in candidates[:k] if c[1][-1] > float("-inf")]
+    return [list(beam) for beam, _ in beams], [list(scores) for _, scores in beams]
 
 
 def _ranked_prefixes(rows: list[list[int]], path_scores: list[list[float]]) -> list[tuple[tuple, float]]:
@@ -334,10 +355,12 @@ def accept_sampling(tree: DraftTree, target_scores, draft_probs: torch.Tensor):
 
 
 def accept_greedy(tree: DraftTree, target_scores):
-    """Follow the verifier's argmax down the tree. Returns (accepted nodes, bonus token)."""
+    """Follow the verifier's argmax down the tree. Returns (accepted nodes, bonus token). Unprocessed logits (a
+    tensor) come to the host in one transfer, every row's argmax; processed ones (`TargetScores`) row by row."""
+    argmax = target_scores.argmax(-1).tolist() if torch.is_tensor(target_scores) else None
     node = -1
     while True:
-        best = int(target_scores[1 + node].argmax())
+        best = argmax[1 + node] if argmax is not None else int(target_scores[1 + node].argmax())
         child = next((c for token, c, _ in tree.draws.get(node, []) if token == best), None)
         if child is None:
             return tree.path(node), best
@@ -358,20 +381,21 @@ def tree_positions(past: int, num_committed: int, tree: DraftTree) -> torch.Tens
 
 
 def tree_attention_mask(verifier, cache, num_committed: int, tree: DraftTree, dtype) -> torch.Tensor | dict:
-    """Additive 4D mask(s) for one verifier forward over [uncommitted prefix tokens, tree nodes].
+    """Additive 4D mask(s) for one verifier forward over [uncommitted prefix tokens, tree nodes], built on the
+    verifier's device (only the tree's small ancestor matrix and positions are copied there).
 
     Prefix queries attend causally; a node attends to the whole prefix and to its ancestors and itself. Models
     with sliding-window layers get one mask per layer type, cut to the keys each layer type holds.
     """
+    device = verifier.device
     num_query = num_committed + len(tree)
     past = cache.get_seq_length()
-    positions = tree_positions(past, num_committed, tree)
-    allowed = torch.zeros(num_query, past + num_query, dtype=torch.bool)
-    allowed[:, :past] = True
-    allowed[:num_committed, past:past + num_committed] = torch.ones(num_committed, num_committed).tril().bool()
-    allowed[num_committed:, past:past + num_committed] = True
-    allowed[num_committed:, past + num_committed:] = tree.ancestors
-    key_positions = torch.cat([torch.arange(past + num_committed), positions[num_committed:]])
+    positions = tree_positions(past, num_committed, tree).to(device)
+    allowed = torch.ones(num_query, past + num_query, dtype=torch.bool, device=device)
+    allowed[:num_committed, past:] = torch.ones(num_committed, num_query, dtype=torch.bool, device=device) \
+        .tril()
+    allowed[num_committed:, past + num_committed:] = tree.ancestors.to(device)
+    key_positions = torch.cat([torch.arange(past + num_committed, device=device), positions[num_committed:]])
 
     def build(layer_idx: int, window: int | None):
         layers = getattr(cache, "layers", [])
@@ -380,8 +404,8 @@ def tree_attention_mask(verifier, cache, num_committed: int, tree: DraftTree, dt
         mask = allowed[:, kv_offset:kv_offset + kv_length]
         if window is not None:
             mask = mask & (key_positions[None, kv_offset:kv_offset + kv_length] > positions[:, None] - window)
-        additive = torch.zeros(mask.shape, dtype=dtype).masked_fill(~mask, torch.finfo(dtype).min)
-        return additive[None, None].to(verifier.device)
+        additive = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(~mask, torch.finfo(dtype).min)
+        return additive[None, None]
 
     types = _layer_types(verifier)
     if not types:
@@ -394,12 +418,16 @@ def compact_cache(cache, num_tree: int, keep: list[int]):
     """Drop the tree nodes not in `keep` (indices into the last `num_tree` cache entries): the kept entries move up
     in place (unless they are already the first ones), then the cache is cut after them."""
     moves = torch.tensor(keep, dtype=torch.long) if keep != list(range(len(keep))) else None
+    on_device = {}  # `moves` copied once to each device the layers live on
     for layer in cache.layers:
         if not layer.is_initialized:
             continue
         base = layer.keys.shape[-2] - num_tree
         if moves is not None:
-            index = base + moves.to(layer.keys.device)
+            device = layer.keys.device
+            if device not in on_device:
+                on_device[device] = moves.to(device)
+            index = base + on_device[device]
             layer.keys[..., base:base + len(keep), :] = layer.keys[..., index, :]
             layer.values[..., base:base + len(keep), :] = layer.values[..., index, :]
         layer.keys = layer.keys[..., :base + len(keep), :]
@@ -451,6 +479,31 @@ def _stop_index(input_ids: torch.Tensor, start: int, stopping_criteria) -> int |
         if bool(stopping_criteria(input_ids[:, :length], None).any()):
             return length
     return None
+
+
+class HostStops:
+    """The stopping rule of a generation whose criteria are all maximum length and end-of-sequence tokens (what
+    `generate` builds unless asked for more), checked on token ids the host already has: no device sync per token.
+    `from_criteria` returns None for any other criterion, which is then replayed on the device (`_stop_index`)."""
+
+    def __init__(self, max_length: int | None, eos_token_ids: set[int]):
+        self.max_length, self.eos_token_ids = max_length, eos_token_ids
+
+    @classmethod
+    def from_criteria(cls, stopping_criteria) -> "HostStops | None":
+        if not all(isinstance(c, (MaxLengthCriteria, EosTokenCriteria)) for c in stopping_criteria):
+            return None
+        lengths = [c.max_length for c in stopping_criteria if isinstance(c, MaxLengthCriteria)]
+        eos = {int(t) for c in stopping_criteria if isinstance(c, EosTokenCriteria)
+               for t in torch.as_tensor(c.eos_token_id).flatten().tolist()}
+        return cls(min(lengths, default=None), eos)
+
+    def stop_index(self, new_tokens: list[int], start: int) -> int | None:
+        """The first length > start at which generation stops, `new_tokens` appended after `start` tokens."""
+        for length, token in enumerate(new_tokens, start=start + 1):
+            if token in self.eos_token_ids or (self.max_length is not None and length >= self.max_length):
+                return length
+        return None
 
 
 class TargetScores:
@@ -508,12 +561,15 @@ class TreeDecoding:
         self.drafter_cache = drafter.new_cache()
         self.output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
         self.scores: list[torch.Tensor] = []
+        self.host_stops = HostStops.from_criteria(stopping_criteria)
+        self.host_ids: torch.Tensor | None = None  # [seq] the committed tokens, on the host (for lookup and stops)
 
     @torch.no_grad()
     def __call__(self, input_ids: torch.LongTensor, cache):
         if hasattr(cache, "activate_past_recording"):
             cache.activate_past_recording()
         prompt_len = input_ids.shape[1]
+        self.host_ids = input_ids[0].cpu()
         stopped = False
         while not stopped:
             round_ = self.draft_tree(input_ids, cache)
@@ -541,7 +597,7 @@ class TreeDecoding:
         num_tokens = min(self.length_policy.next_length(), room)
         if self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
             num_tokens = 0  # the verifier reads the prompt first
-        lookups = prompt_lookup(input_ids[0].cpu(), min(self.lookup_tokens, room), self.num_lookup_drafts) \
+        lookups = prompt_lookup(self.host_ids, min(self.lookup_tokens, room), self.num_lookup_drafts) \
             if self.lookup_tokens and room > 0 else []
         if self.do_sample:
             num_tokens, kept = self._plan_sampling(num_tokens, lookups)
@@ -588,10 +644,9 @@ class TreeDecoding:
         path_scores = [rates.rates()[:len(row)].log().cumsum(0).tolist()
                        for row, rates in zip(lookups, self.lookup_acceptance)]
         if draft_scores is not None:
-            log_q = draft_scores.float().log_softmax(-1)
-            drafts = top_k_drafts(log_q, self.num_drafts)
-            rows += drafts.tolist()
-            path_scores += log_q[torch.arange(drafts.shape[1]), drafts].cumsum(-1).tolist()
+            drafts, draft_path_scores = top_k_drafts(draft_scores.float().log_softmax(-1), self.num_drafts)
+            rows += drafts
+            path_scores += draft_path_scores
         return rows, path_scores
 
     def verify(self, round_: TreeRound, cache):
@@ -626,14 +681,14 @@ class TreeDecoding:
     def learn(self, round_: TreeRound, path: list[int], next_token: int):
         """Statistics, the drafter's and the lookup draft's acceptance, and the round's cost for `tree_budget`."""
         tree = round_.tree
-        self.stats.record_round(int(tree.depths.max()) if len(tree) else 0, len(path))
+        self.stats.record_round(tree.max_depth, len(path))
         if round_.draft_scores is not None:  # the drafter's positions that were verified (pruning may cut the deepest)
             accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
             self.length_policy.update(max(map(len, round_.drafts), default=0), accepted)
         if round_.lookups:
             self.learn_lookup(round_.lookups, tree.tokens[path].tolist() + [next_token])
         if round_.committed.shape[1] == 1:  # a round that read no prompt
-            self.drafter.tree_round_costs.record(len(tree), time.perf_counter() - round_.started)
+            self.drafter.tree_round_costs.record(len(tree), device_clock(self.verifier.device) - round_.started)
 
     def learn_lookup(self, lookups: list[list[int]], committed: list[int]):
         """Each lookup draft's acceptance by depth, from the verifier's greedy tokens this round, `committed`: as far
@@ -658,17 +713,18 @@ class TreeDecoding:
     def commit(self, input_ids: torch.LongTensor, round_: TreeRound, path: list[int], next_token: int,
                target_scores) -> tuple[torch.LongTensor, bool]:
         """Append the accepted path and the next token, cut where a stopping criterion fires, stream them."""
-        tokens = round_.tokens
         start = input_ids.shape[1]
-        new_tokens = torch.cat([tokens[path], tokens.new_tensor([next_token])])
-        input_ids = torch.cat([input_ids, new_tokens[None]], dim=1)
-        stop = _stop_index(input_ids, start, self.stopping_criteria)
+        new_tokens = round_.tree.tokens[path].tolist() + [next_token]  # host data: the tree and the walk's result
+        input_ids = torch.cat([input_ids, input_ids.new_tensor([new_tokens])], dim=1)
+        stop = self.host_stops.stop_index(new_tokens, start) if self.host_stops is not None else \
+            _stop_index(input_ids, start, self.stopping_criteria)
         if stop is not None:
             input_ids = input_ids[:, :stop]
+        self.host_ids = torch.cat([self.host_ids, torch.tensor(new_tokens[: input_ids.shape[1] - start])])
         if self.output_scores:
             self.scores += [target_scores[row][None] for row in [0] + [1 + n for n in path]][: input_ids.shape[1] - start]
         if self.streamer is not None:
-            self.streamer.put(input_ids[:, start:].cpu())
+            self.streamer.put(self.host_ids[None, start:])
         return input_ids, stop is not None
 
 
