@@ -127,12 +127,12 @@ run() {
         PROMPTS=$OUT/prompts.jsonl  # two of the session's own prompts (../shared need not be there)
         $PYTHON -c "import json, sys; sys.path.insert(0, 'examples'); from gpu_session import PROMPTS as P
 print('\n'.join(json.dumps({'category': c, 'turns': [p]}) for c, p in zip(['coding', 'extraction'], P)))" > "$PROMPTS"
-        THREADS=2 BATCH=2 SEQ_LEN=64 PRECISION=fp32 THROUGHPUT_STEPS=3 PER_CATEGORY=1 NEW_TOKENS=8
+        DEVICE=cpu THREADS=2 BATCH=2 SEQ_LEN=64 PRECISION=fp32 THROUGHPUT_STEPS=3 PER_CATEGORY=1 NEW_TOKENS=8
         EXACT_ARGS="--prompts 1 --max-new-tokens 12" SAMPLES=2 THROUGHPUT_S=${THROUGHPUT_S:-150} EXACT_DEFAULT_S=150
     else
         export HF_SPECDIFF_CACHE=/tmp/hf_specdiff PYTHONPATH=/tmp/site:$PWD
         install_kit
-        THREADS=8 BATCH=256 SEQ_LEN=192 PRECISION=bf16 THROUGHPUT_STEPS=${THROUGHPUT_STEPS:-200} PER_CATEGORY=1
+        DEVICE=cuda THREADS=8 BATCH=256 SEQ_LEN=192 PRECISION=bf16 THROUGHPUT_STEPS=${THROUGHPUT_STEPS:-200} PER_CATEGORY=1
         NEW_TOKENS=128 EXACT_ARGS="--prompts 3 --max-new-tokens 64" SAMPLES=${SAMPLES:-120} EXACT_DEFAULT_S=90
         nvidia-smi || true
     fi
@@ -147,7 +147,7 @@ print('\n'.join(json.dumps({'category': c, 'turns': [p]}) for c, p in zip(['codi
         methods=(--method "SpecDiff-2 conditioned (K=4) + lookup" --method "SpecDiff-2 dflash, transformers' loop")
     fi
     step "bench" "${BENCH_S:-210}" $PYTHON -m hf_specdiff.cli bench --prompts "$PROMPTS" --per-category $PER_CATEGORY \
-        --max-new-tokens $NEW_TOKENS --dtype bf16 --threads $THREADS \
+        --max-new-tokens $NEW_TOKENS --dtype bf16 --threads $THREADS --device $DEVICE \
         --drafter model_cards/specdiff-smollm2-135m-instruct \
         --compare-drafter model_cards/specdiff-dflash-smollm2-135m-instruct --num-drafts 1,4 --with-lookup \
         "${methods[@]}" --out $WORK/bench
