@@ -234,6 +234,49 @@ def _merge_rare(table: list[list[int]], least: int = 5) -> list[list[int]]:
     return [[c for c, total in zip(row, map(sum, zip(*merged))) if total] for row in merged]
 
 
+def step_profile(args):
+    """Where a round's time goes on this device, bf16, after a warm-up: each method's tokens per second on a few
+    prompts (plain, K=1, K=4 + lookup), its verifier forwards, host syncs per round, and torch.profiler's top
+    operators by host time for one generation of each."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from hf_specdiff import SpecDiffStats
+
+    verifier, tokenizer, drafter = _models(args.device, torch.bfloat16)
+    entry_points = _entry_points(verifier, drafter, None, None)
+    methods = {"plain": lambda inputs, options, stats=None: verifier.generate(**inputs, **options),
+               "K=1": entry_points["K=1"], "K=4 + lookup": entry_points["K=4 + lookup"]}
+    options = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
+    prompts = [_inputs(tokenizer, prompt, args.device) for prompt in PROMPTS[: args.prompts]]
+    for run in methods.values():  # warm-up: kernels, allocator, the drafter's measured costs
+        run(prompts[0], dict(options, max_new_tokens=16))
+    speed = {}
+    for name, run in methods.items():
+        tokens, seconds, rounds = 0, 0.0, 0
+        for inputs in prompts:
+            stats = SpecDiffStats()
+            start = clock(args.device)
+            out = run(inputs, options, stats)
+            seconds += clock(args.device) - start
+            tokens += out.shape[1] - inputs["input_ids"].shape[1]
+            rounds += stats.rounds
+        speed[name] = {"tok_s": round(tokens / seconds, 1), "tau": round(tokens / rounds, 2) if rounds else None}
+    for name in speed:
+        speed[name]["speedup"] = round(speed[name]["tok_s"] / speed["plain"]["tok_s"], 2)
+    save(args.results, "profile_speed", speed)
+    if args.device.type == "cuda":
+        save(args.results, "host_syncs_per_round_bf16", _host_syncs(verifier, tokenizer, drafter, args.device))
+    tables = {}
+    for name, run in methods.items():
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            run(prompts[0], options)
+        table = prof.key_averages().table(sort_by="cpu_time_total", row_limit=22, max_name_column_width=60)
+        print(f"--- profile: {name}\n{table}", flush=True)
+        tables[name] = table.splitlines()[:30]
+    save(args.results, "profile_tables", tables)
+
+
 def step_bench(args):
     """The bench's summary (per method: speed-up, tokens/s, tau, ms per verifier and drafter forward)."""
     summary = json.loads((args.bench_dir / "results.json").read_text())
@@ -257,7 +300,7 @@ def step_train(args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["env", "exactness", "sampling", "bench", "train"])
+    parser.add_argument("step", choices=["env", "exactness", "sampling", "profile", "bench", "train"])
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--prompts", type=int, default=3)

@@ -139,7 +139,34 @@ print('\n'.join(json.dumps({'category': c, 'turns': [p]}) for c, p in zip(['codi
     export RESULTS THREADS BATCH SEQ_LEN PRECISION DATA OUT WORK TRAIN_KIND TRAIN_STEPS
     $PYTHON examples/gpu_session.py env --results "$RESULTS"
     step "verifier" 90 $PYTHON -c "from hf_specdiff.verifiers import prepare_verifier as p; print(p('smollm2-135m-instruct'))"
-    step "exactness" "${EXACT_S:-$EXACT_DEFAULT_S}" $PYTHON examples/gpu_session.py exactness --results "$RESULTS" $EXACT_ARGS
+    if wants exactness; then
+        step "exactness" "${EXACT_S:-$EXACT_DEFAULT_S}" $PYTHON examples/gpu_session.py exactness --results "$RESULTS" \
+            $EXACT_ARGS
+    fi
+    if wants profile; then
+        step "profile" "${PROFILE_S:-120}" $PYTHON examples/gpu_session.py profile --results "$RESULTS" $EXACT_ARGS
+    fi
+    if wants bench; then bench; fi
+    if wants train; then
+        step "data" 60 $PYTHON examples/data_snapshot.py restore datasets/smollm2-v3 "$DATA"
+        for kind in specdiff dflash; do
+            step "train throughput ($kind)" "${THROUGHPUT_S:-75}" train_throughput $kind $THROUGHPUT_STEPS
+        done
+    fi
+    if wants sampling; then
+        step "sampling" "${SAMPLING_S:-60}" $PYTHON examples/gpu_session.py sampling --results "$RESULTS" \
+            --samples "$SAMPLES"
+    fi
+    if [ "$TRAIN_STEPS" -gt 0 ]; then step "train $TRAIN_KIND $TRAIN_STEPS steps" "${TRAIN_S:-240}" train_long; fi
+    echo "=== finished in ${SECONDS}s"
+    ls -la "$OUT"
+}
+
+wants() {  # whether STEPS (default: all but profile) names this step
+    [[ " ${STEPS:-exactness bench train sampling} " == *" $1 "* ]]
+}
+
+bench() {
     local methods=(--method "prompt lookup" --method "SpecDiff-2 conditioned drop-in"
                    --method "SpecDiff-2 conditioned (K=1)" --method "SpecDiff-2 conditioned (K=4) + lookup"
                    --method "SpecDiff-2 dflash, transformers' loop" --method "SpecDiff-2 dflash (K=4) + lookup")
@@ -156,15 +183,6 @@ print('\n'.join(json.dumps({'category': c, 'turns': [p]}) for c, p in zip(['codi
         cp $WORK/bench/results.json "$OUT/bench_results.json"
     fi
     if [ -f $WORK/bench/records.jsonl ]; then cp $WORK/bench/records.jsonl "$OUT/bench_records.jsonl"; fi
-    step "data" 60 $PYTHON examples/data_snapshot.py restore datasets/smollm2-v3 "$DATA"
-    for kind in specdiff dflash; do
-        step "train throughput ($kind)" "${THROUGHPUT_S:-75}" train_throughput $kind $THROUGHPUT_STEPS
-    done
-    step "sampling" "${SAMPLING_S:-60}" $PYTHON examples/gpu_session.py sampling --results "$RESULTS" \
-        --samples "$SAMPLES"
-    if [ "$TRAIN_STEPS" -gt 0 ]; then step "train $TRAIN_KIND $TRAIN_STEPS steps" "${TRAIN_S:-240}" train_long; fi
-    echo "=== finished in ${SECONDS}s"
-    ls -la "$OUT"
 }
 
 train_long() {  # a longer run of TRAIN_KIND whose drafter comes back packaged (bf16, a tar in 15 MB parts)

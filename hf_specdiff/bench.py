@@ -171,6 +171,9 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
             if id(model) not in timers:
                 timers[id(model)] = _ForwardTimer(model)
         try:
+            if verifier.device.type != "cpu" and done < len(prompts):  # untimed: kernels, allocator, first costs
+                _run_prompt(verifier, tokenizer, prompts[done], methods, min(16, max_new_tokens), timers, 1,
+                            sampling and dict(sampling, seed=0))
             for index, item in enumerate(tqdm(prompts[done:], desc="bench", initial=done, total=len(prompts),
                                               disable=not progress), start=done):
                 mine = _run_prompt(verifier, tokenizer, item, methods, max_new_tokens, timers, repeats,

@@ -72,6 +72,14 @@ def device_clock(device: torch.device | str) -> float:
     return time.perf_counter()
 
 
+def host_to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor (tree structure, positions, token ids) on `device` without a host sync: a copy from
+    pageable memory to a GPU waits for the device to catch up; one from pinned memory is queued behind its work."""
+    if torch.device(device).type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
+
+
 @dataclass
 class SpecDiffStats:
     """What one generation did: rounds (verifier forwards), tokens, and acceptance by draft position."""
@@ -344,7 +352,7 @@ def accept_sampling(tree: DraftTree, target_scores, draft_probs: torch.Tensor):
     p = target_scores[0].float().softmax(-1)
     while True:
         for token, child, fixed in tree.draws.get(node, []):
-            q = torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]).to(p) if fixed else draft_probs[depth]
+            q = _point_mass(token, p) if fixed else draft_probs[depth]
             if torch.rand(()) * q[token] <= p[token]:  # accept with probability min(1, p/q)
                 node, depth = child, depth + 1
                 p = target_scores[1 + node].float().softmax(-1)
@@ -352,6 +360,13 @@ def accept_sampling(tree: DraftTree, target_scores, draft_probs: torch.Tensor):
             p = residual(p, q)
         else:
             return tree.path(node), int(torch.multinomial(p, 1))
+
+
+def _point_mass(token: int, like: torch.Tensor) -> torch.Tensor:
+    """One-hot at `token`, shaped like the distribution `like`, written on its device (no host copy)."""
+    q = torch.zeros_like(like)
+    q[token] = 1.0
+    return q
 
 
 def accept_greedy(tree: DraftTree, target_scores):
@@ -390,11 +405,11 @@ def tree_attention_mask(verifier, cache, num_committed: int, tree: DraftTree, dt
     device = verifier.device
     num_query = num_committed + len(tree)
     past = cache.get_seq_length()
-    positions = tree_positions(past, num_committed, tree).to(device)
+    positions = host_to_device(tree_positions(past, num_committed, tree), device)
     allowed = torch.ones(num_query, past + num_query, dtype=torch.bool, device=device)
     allowed[:num_committed, past:] = torch.ones(num_committed, num_query, dtype=torch.bool, device=device) \
         .tril()
-    allowed[num_committed:, past + num_committed:] = tree.ancestors.to(device)
+    allowed[num_committed:, past + num_committed:] = host_to_device(tree.ancestors, device)
     key_positions = torch.cat([torch.arange(past + num_committed, device=device), positions[num_committed:]])
 
     def build(layer_idx: int, window: int | None):
@@ -426,7 +441,7 @@ def compact_cache(cache, num_tree: int, keep: list[int]):
         if moves is not None:
             device = layer.keys.device
             if device not in on_device:
-                on_device[device] = moves.to(device)
+                on_device[device] = host_to_device(moves, device)
             index = base + on_device[device]
             layer.keys[..., base:base + len(keep), :] = layer.keys[..., index, :]
             layer.values[..., base:base + len(keep), :] = layer.values[..., index, :]
@@ -494,8 +509,10 @@ class HostStops:
         if not all(isinstance(c, (MaxLengthCriteria, EosTokenCriteria)) for c in stopping_criteria):
             return None
         lengths = [c.max_length for c in stopping_criteria if isinstance(c, MaxLengthCriteria)]
-        eos = {int(t) for c in stopping_criteria if isinstance(c, EosTokenCriteria)
-               for t in torch.as_tensor(c.eos_token_id).flatten().tolist()}
+        eos = set()
+        for criterion in stopping_criteria:
+            if isinstance(criterion, EosTokenCriteria):  # one read per generation
+                eos.update(torch.as_tensor(criterion.eos_token_id).flatten().tolist())
         return cls(min(lengths, default=None), eos)
 
     def stop_index(self, new_tokens: list[int], start: int) -> int | None:
@@ -613,7 +630,7 @@ class TreeDecoding:
             kept, drafts = self._prune(lookups, draft_scores)
         tree = DraftTree.from_drafts(drafts, fixed=kept)
         return TreeRound(input_ids[:, past:], past, lookups, drafts, draft_scores, tree,
-                         tree.tokens.to(input_ids.device), started)
+                         host_to_device(tree.tokens, input_ids.device), started)
 
     def _tree_budget(self):
         """(round costs, node cap): a tree sized by measured cost up to `DEFAULT_MAX_TREE_NODES`, or (None,
@@ -652,7 +669,7 @@ class TreeDecoding:
     def verify(self, round_: TreeRound, cache):
         """One verifier forward over the committed tokens and every tree node (tree attention, a position per node)."""
         committed, tree = round_.committed, round_.tree
-        positions = tree_positions(round_.past, committed.shape[1], tree).to(committed.device)
+        positions = host_to_device(tree_positions(round_.past, committed.shape[1], tree), committed.device)
         with grouped_heads_in_sdpa(self.verifier):
             return self.verifier(
                 input_ids=torch.cat([committed, round_.tokens[None]], dim=1),
@@ -708,14 +725,14 @@ class TreeDecoding:
         read_positions = torch.cat([torch.arange(len(committed)), len(committed) + torch.tensor(path, dtype=torch.long)])
         read_tokens = torch.cat([committed, round_.tokens[path]])
         self.drafter_cache.verifier_features.record(round_.past, read_tokens,
-                                                    features[read_positions.to(features.device)])
+                                                    features[host_to_device(read_positions, features.device)])
 
     def commit(self, input_ids: torch.LongTensor, round_: TreeRound, path: list[int], next_token: int,
                target_scores) -> tuple[torch.LongTensor, bool]:
         """Append the accepted path and the next token, cut where a stopping criterion fires, stream them."""
         start = input_ids.shape[1]
         new_tokens = round_.tree.tokens[path].tolist() + [next_token]  # host data: the tree and the walk's result
-        input_ids = torch.cat([input_ids, input_ids.new_tensor([new_tokens])], dim=1)
+        input_ids = torch.cat([input_ids, host_to_device(torch.tensor([new_tokens]), input_ids.device)], dim=1)
         stop = self.host_stops.stop_index(new_tokens, start) if self.host_stops is not None else \
             _stop_index(input_ids, start, self.stopping_criteria)
         if stop is not None:
