@@ -124,3 +124,18 @@ def test_a_drop_in_round_reads_the_device_only_in_the_drafters_cache():
     reads, _ = _reads_per_round(run, verifier, drafter, prompt)
     ours = {site: count for site, count in reads.items() if site != "outside hf_specdiff"}
     assert set(ours) <= {"sync", "_check_inputs", "prompt_lookup"}, ours
+
+
+def test_tree_forwards_on_cuda_keep_sdpa_off_cudnn_and_cpu_forwards_untouched(monkeypatch):
+    """cuDNN's attention plans every new shape, and a tree forward's shapes change every round: on CUDA the tree
+    forward asks sdpa for its memory-efficient (or math) kernel; on the CPU nothing changes."""
+    import torch.nn.attention
+    from torch.nn.attention import SDPBackend
+
+    chosen, real = [], torch.nn.attention.sdpa_kernel
+    monkeypatch.setattr(torch.nn.attention, "sdpa_kernel",
+                        lambda backends: chosen.append(list(backends)) or real([SDPBackend.MATH]))
+    for device in ("cpu", "cuda"):
+        with decoding.tree_attention_kernels(type("Verifier", (), {"device": torch.device(device)})()):
+            pass
+    assert chosen == [[SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]]  # once: for the CUDA verifier
