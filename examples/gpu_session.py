@@ -67,7 +67,7 @@ def step_env(args):
     flags = run("grep -m1 '^flags' /proc/cpuinfo").split()
     save(args.results, "env", {
         "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "dry_run": bool(os.environ.get("DRY_RUN")),
-        "commit": run(f"git -C {ROOT} rev-parse --short HEAD") or os.environ.get("COMMIT", "unknown"),
+        "commit": os.environ.get("COMMIT") or run(f"git -C {ROOT} rev-parse --short HEAD") or "unknown",
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
         "device": str(args.device), "gpu": torch.cuda.get_device_name() if args.device.type == "cuda" else None,
         "nvidia_smi": run("nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader"),
@@ -278,8 +278,18 @@ def step_profile(args):
 
 
 def step_bench(args):
-    """The bench's summary (per method: speed-up, tokens/s, tau, ms per verifier and drafter forward)."""
-    summary = json.loads((args.bench_dir / "results.json").read_text())
+    """The bench's summary (per method: speed-up, tokens/s, tau, ms per verifier and drafter forward), from the
+    prompts it finished if it was cut short."""
+    from hf_specdiff.bench import summarize
+
+    finished = args.bench_dir / "results.json"
+    if finished.exists():
+        summary = json.loads(finished.read_text())
+    else:
+        lines = [json.loads(line) for line in (args.bench_dir / "records.jsonl").read_text().splitlines() if line]
+        settings = next(line["settings"] for line in lines if "settings" in line)
+        summary = summarize([r for line in lines for r in line.get("records", [])], settings["methods"])
+        summary["settings"] = dict(settings, finished_prompts=sum("records" in line for line in lines))
     save(args.results, "bench", {"settings": summary["settings"], "methods": summary["methods"],
                                  "results": summary["results"]})
 

@@ -13,15 +13,17 @@
 #   bash examples/gpu_session.sh hide          # here: remove the tracked weights and docs/results from the work
 #                                              #   tree for the calls (git checkout brings them back: `unhide`)
 #   calls 1, 2 (carry .gpu/session/call-1, then call-2):   bash examples/gpu_session.sh stage
-#   call 3, at once (carry .gpu/session/call-3):           bash examples/gpu_session.sh run
+#   call 3, at once (carry .gpu/session/call-3):           COMMIT=<hash> bash examples/gpu_session.sh run
+#                                              #   (STEPS="exactness bench train sampling" by default; "profile"
+#                                              #   adds torch.profiler tables; COMMIT: that machine has no history)
 #   bash examples/gpu_session.sh unhide        # here: the weights and docs/results back
 #   bash examples/gpu_session.sh fetch FILES   # here: what call 3 sent back, into runs/gpu_session/
 #
 # run writes results.json, session.log, bench_results.json and bench_records.jsonl to $OUT (and, with TRAIN_STEPS,
 # the trained drafter in 15 MB parts). Its steps, most wanted first, and their time limits in seconds: verifier
-# conversion 90, exactness EXACT_S=90, Spec-Bench BENCH_S=210, training throughput THROUGHPUT_S=75 per kind,
-# sampling SAMPLING_S=60, the optional longer training TRAIN_S=240: without it, at most 9 minutes with the
-# defaults (about 7 in a normal run).
+# conversion 90 (50 on the H200), exactness EXACT_S=75, Spec-Bench BENCH_S=270 (a bench cut short still reports
+# the prompts it finished), training throughput THROUGHPUT_S=60 per kind, sampling SAMPLING_S=45, the optional
+# longer training TRAIN_S=240: without it, at most 9 minutes with the defaults.
 #
 # DRY_RUN=1 bash examples/gpu_session.sh [run]: every step of `run` on this CPU with tiny sizes, in this environment
 # (no kit, no install), results in $OUT (default runs/gpu_session/dry-run): the rehearsal, kept in the slow tests.
@@ -132,8 +134,8 @@ print('\n'.join(json.dumps({'category': c, 'turns': [p]}) for c, p in zip(['codi
     else
         export HF_SPECDIFF_CACHE=/tmp/hf_specdiff PYTHONPATH=/tmp/site:$PWD
         install_kit
-        DEVICE=cuda THREADS=8 BATCH=256 SEQ_LEN=192 PRECISION=bf16 THROUGHPUT_STEPS=${THROUGHPUT_STEPS:-200} PER_CATEGORY=1
-        NEW_TOKENS=128 EXACT_ARGS="--prompts 3 --max-new-tokens 64" SAMPLES=${SAMPLES:-120} EXACT_DEFAULT_S=90
+        DEVICE=cuda THREADS=8 BATCH=256 SEQ_LEN=192 PRECISION=bf16 THROUGHPUT_STEPS=${THROUGHPUT_STEPS:-150} PER_CATEGORY=1
+        NEW_TOKENS=128 EXACT_ARGS="--prompts 2 --max-new-tokens 64" SAMPLES=${SAMPLES:-40} EXACT_DEFAULT_S=75
         nvidia-smi || true
     fi
     export RESULTS THREADS BATCH SEQ_LEN PRECISION DATA OUT WORK TRAIN_KIND TRAIN_STEPS
@@ -150,11 +152,11 @@ print('\n'.join(json.dumps({'category': c, 'turns': [p]}) for c, p in zip(['codi
     if wants train; then
         step "data" 60 $PYTHON examples/data_snapshot.py restore datasets/smollm2-v3 "$DATA"
         for kind in specdiff dflash; do
-            step "train throughput ($kind)" "${THROUGHPUT_S:-75}" train_throughput $kind $THROUGHPUT_STEPS
+            step "train throughput ($kind)" "${THROUGHPUT_S:-60}" train_throughput $kind $THROUGHPUT_STEPS
         done
     fi
     if wants sampling; then
-        step "sampling" "${SAMPLING_S:-60}" $PYTHON examples/gpu_session.py sampling --results "$RESULTS" \
+        step "sampling" "${SAMPLING_S:-45}" $PYTHON examples/gpu_session.py sampling --results "$RESULTS" \
             --samples "$SAMPLES"
     fi
     if [ "$TRAIN_STEPS" -gt 0 ]; then step "train $TRAIN_KIND $TRAIN_STEPS steps" "${TRAIN_S:-240}" train_long; fi
@@ -173,16 +175,16 @@ bench() {
     if [ -n "$DRY_RUN" ]; then
         methods=(--method "SpecDiff-2 conditioned (K=4) + lookup" --method "SpecDiff-2 dflash, transformers' loop")
     fi
-    step "bench" "${BENCH_S:-210}" $PYTHON -m hf_specdiff.cli bench --prompts "$PROMPTS" --per-category $PER_CATEGORY \
+    step "bench" "${BENCH_S:-270}" $PYTHON -m hf_specdiff.cli bench --prompts "$PROMPTS" --per-category $PER_CATEGORY \
         --max-new-tokens $NEW_TOKENS --dtype bf16 --threads $THREADS --device $DEVICE \
         --drafter model_cards/specdiff-smollm2-135m-instruct \
         --compare-drafter model_cards/specdiff-dflash-smollm2-135m-instruct --num-drafts 1,4 --with-lookup \
         "${methods[@]}" --out $WORK/bench
-    if [ -f $WORK/bench/results.json ]; then
+    if [ -f $WORK/bench/records.jsonl ]; then  # the prompts done, even where the step ran out of time
         $PYTHON examples/gpu_session.py bench --results "$RESULTS" --bench-dir $WORK/bench
-        cp $WORK/bench/results.json "$OUT/bench_results.json"
+        cp $WORK/bench/records.jsonl "$OUT/bench_records.jsonl"
     fi
-    if [ -f $WORK/bench/records.jsonl ]; then cp $WORK/bench/records.jsonl "$OUT/bench_records.jsonl"; fi
+    if [ -f $WORK/bench/results.json ]; then cp $WORK/bench/results.json "$OUT/bench_results.json"; fi
 }
 
 train_long() {  # a longer run of TRAIN_KIND whose drafter comes back packaged (bf16, a tar in 15 MB parts)

@@ -66,7 +66,10 @@ def dflash_config(config, num_target_layers: int) -> dict:
 
 def export_card(config, export_format: str, verifier: str) -> str:
     """The model card of an export: the verifier as base_model, the tags the engines' drafters carry."""
-    use = ("verifier.generate(**inputs, assistant_model=AutoModel.from_pretrained(THIS), speculation_type=\"dflash\")"
+    use = ("# in the verifier's dtype: transformers' DFlash loop feeds the drafter the verifier's hidden states and\n"
+           "# applies the verifier's head to the drafter's output, so mixed dtypes fail there (m1 and m2 dtype)\n"
+           "drafter = AutoModel.from_pretrained(THIS, dtype=verifier.dtype)\n"
+           "verifier.generate(**inputs, assistant_model=drafter, speculation_type=\"dflash\")"
            if export_format == "transformers" else
            'vllm serve VERIFIER --speculative-config \'{"method": "dflash", "model": "THIS", '
            f'"num_speculative_tokens": {config.block_size - 1}}}\'')
