@@ -8,6 +8,7 @@ import torch
 from transformers import DynamicCache, TopPLogitsWarper
 from transformers.cache_utils import DynamicLayer
 
+from .decoding import CACHE_KWARG
 from .generation_specdiff import sample_rows, top_p_candidates
 
 # Finished rows are dropped once no more than this share of the batch is still running: each drop copies the whole
@@ -116,7 +117,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids
     cache = preallocated_cache(model, ids.shape[1] + max_new_tokens)
     same = all(prompt == prompts[0] for prompt in prompts)  # (Magpie) identical prompts: read one, copy its cache
     read = slice(0, 1) if same else slice(None)
-    out = model(input_ids=ids[read], attention_mask=mask[read], position_ids=positions[read], past_key_values=cache,
+    out = model(input_ids=ids[read], attention_mask=mask[read], position_ids=positions[read], **{CACHE_KWARG: cache},
                 use_cache=True, logits_to_keep=1, output_hidden_states=output_hidden_states)
     logits = out.logits[:, -1]
     if same:
@@ -150,7 +151,7 @@ def generate_batch(model, prompts: list[list[int]], max_new_tokens: int, eos_ids
                                                                next_position[keep], alive[keep], wrote[keep])
         mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
         out = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=next_position[:, None],
-                    past_key_values=cache, use_cache=True, output_hidden_states=output_hidden_states)
+                    **{CACHE_KWARG: cache}, use_cache=True, output_hidden_states=output_hidden_states)
         if output_hidden_states:
             states = _selected(out, output_hidden_states)
             for row, state, took in zip(rows.tolist(), states, wrote.tolist()):

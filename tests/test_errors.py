@@ -40,8 +40,8 @@ def test_another_transformers_version_is_refused_on_the_private_loop(monkeypatch
 
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier)
-    monkeypatch.setattr(transformers, "__version__", "5.24.0")
-    with pytest.raises(RuntimeError, match="written for transformers 5.23.x; this is 5.24.0"):
+    monkeypatch.setattr(transformers, "__version__", "5.26.0")
+    with pytest.raises(RuntimeError, match="written for transformers 5.23.x or 5.24.x or 5.25.x; this is 5.26.0"):
         hf_specdiff.generate(verifier, drafter, PROMPT, max_new_tokens=4)
     hf_specdiff.generate(verifier, drafter, PROMPT, max_new_tokens=4, num_drafts=2)  # the tree loop is our own
 

@@ -194,7 +194,7 @@ class VerifierHooks:
 
     def _before(self, module, args, kwargs):
         input_ids = kwargs.get("input_ids", args[0] if args else None)
-        cache = kwargs.get("past_key_values")
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))  # "cache" from transformers 5.24 on
         start = cache.get_seq_length() if cache is not None and hasattr(cache, "get_seq_length") else 0
         self._call = (start, input_ids)
         self._outputs.clear()

@@ -394,6 +394,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                 those positions.
             head_logits: return the head's logits as they are (over the draft vocabulary when it is reduced).
         """
+        past_key_values = kwargs.pop("cache", past_key_values)  # the name transformers uses from 5.24 on
         if noise_embeds is not None:
             return self._dflash_forward(noise_embeds, context_hidden_states, position_ids, attention_mask,
                                         past_key_values)
@@ -618,6 +619,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         """
         # a shallow copy takes the call's settings without touching the caller's config (a deep copy cost about
         # 1 ms a round here, copying tensors this method never reads)
+        past_key_values = kwargs.pop("cache", past_key_values)  # the name transformers uses from 5.24 on
         generation_config = copy.copy(generation_config or self.generation_config)
         generation_config.update(**{k: v for k, v in kwargs.items() if hasattr(generation_config, k)})
         num_tokens = max_new_tokens or generation_config.max_new_tokens or self.config.max_draft_tokens

@@ -51,6 +51,10 @@ from transformers.generation.stopping_criteria import (
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 
+# transformers 5.24 renamed the cache argument of models and `generate` from `past_key_values` to `cache` (the old
+# name is still taken, with a warning); the tree loop reads and passes it under the name of the version installed.
+CACHE_KWARG = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
 # Trees verify at most this many nodes unless max_tree_nodes says otherwise: with the last committed token, a
 # verifier forward over 16 positions. What that costs depends on the hardware (docs/tuning.md; measured in bf16 on 2
 # CPU cores: 1.38x a 1-token forward with AVX512-BF16, 6x with AVX2 only), so by default each round sizes its tree
@@ -141,6 +145,11 @@ class DiffusionCandidateGenerator(CandidateGenerator):
         self.stats = stats if stats is not None else SpecDiffStats()
         self._last_draft_len = 0
         self._round_started: float | None = None  # None until the verifier has read the prompt (untimed round)
+
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most tokens a round drafts (transformers 5.25's loop keeps that many recurrent states to roll back)."""
+        return self.drafter.config.max_draft_tokens
 
     def get_candidates(self, input_ids: torch.LongTensor, model_outputs=None, is_first_iteration: bool = False,
                        **kwargs):
@@ -431,28 +440,21 @@ def tree_attention_mask(verifier, cache, num_committed: int, tree: DraftTree, dt
 
 def compact_cache(cache, num_tree: int, keep: list[int]):
     """Drop the tree nodes not in `keep` (indices into the last `num_tree` cache entries): the kept entries move up
-    in place (unless they are already the first ones), then the cache is cut after them."""
-    moves = torch.tensor(keep, dtype=torch.long) if keep != list(range(len(keep))) else None
-    on_device = {}  # `moves` copied once to each device the layers live on
-    for layer in cache.layers:
-        if not layer.is_initialized:
-            continue
-        base = layer.keys.shape[-2] - num_tree
-        if moves is not None:
-            device = layer.keys.device
+    in place (unless they are already the first ones), then the cache's own `crop` removes the rest (and trims
+    sliding-window layers back to their window; the loop activated their past recording)."""
+    if keep != list(range(len(keep))):
+        moves = torch.tensor(keep, dtype=torch.long)
+        on_device = {}  # `moves` copied once to each device the layers live on
+        for layer in cache.layers:
+            if not layer.is_initialized:
+                continue
+            base, device = layer.keys.shape[-2] - num_tree, layer.keys.device
             if device not in on_device:
                 on_device[device] = host_to_device(moves, device)
             index = base + on_device[device]
             layer.keys[..., base:base + len(keep), :] = layer.keys[..., index, :]
             layer.values[..., base:base + len(keep), :] = layer.values[..., index, :]
-        layer.keys = layer.keys[..., :base + len(keep), :]
-        layer.values = layer.values[..., :base + len(keep), :]
-        if hasattr(layer, "cumulative_length"):
-            layer.cumulative_length -= num_tree - len(keep)
-            window = getattr(layer, "sliding_window", None)
-            if window is not None and layer.keys.shape[-2] > window - 1:
-                layer.keys = layer.keys[:, :, -window + 1:]
-                layer.values = layer.values[:, :, -window + 1:]
+    cache.crop(-(num_tree - len(keep)))
 
 
 @contextmanager
@@ -617,7 +619,7 @@ class TreeDecoding:
         if self.streamer is not None:
             self.streamer.end()
         if self.generation_config.return_dict_in_generate:
-            return GenerateDecoderOnlyOutput(sequences=input_ids, past_key_values=cache,
+            return GenerateDecoderOnlyOutput(sequences=input_ids, **{CACHE_KWARG: cache},
                                              scores=tuple(self.scores) if self.output_scores else None)
         return input_ids
 
@@ -690,7 +692,7 @@ class TreeDecoding:
                 input_ids=torch.cat([committed, round_.tokens[None]], dim=1),
                 position_ids=positions[None],
                 attention_mask=tree_attention_mask(self.verifier, cache, committed.shape[1], tree, self.verifier.dtype),
-                past_key_values=cache,
+                **{CACHE_KWARG: cache},
                 use_cache=True,
                 logits_to_keep=1 + len(tree),
                 **({"output_hidden_states": self.drafter.verifier_hidden_states} if self.conditioned else {}),
@@ -762,8 +764,8 @@ class TreeDecoding:
 
 # The K = 1 path runs transformers' private assisted-decoding loop (`GenerationMixin._assisted_decoding`, which asks
 # `self._get_candidate_generator` for its drafts). `assisted_loop` is the one place that touches it, written against
-# these versions (generation/utils.py of 5.23; pyproject pins the same range).
-ASSISTED_LOOP_VERSIONS = ("5.23.",)
+# these versions (generation/utils.py of 5.23 to 5.25; pyproject pins the same range).
+ASSISTED_LOOP_VERSIONS = ("5.23.", "5.24.", "5.25.")
 
 
 def assisted_loop(verifier, candidate_generator, input_ids, **kwargs):
@@ -774,7 +776,7 @@ def assisted_loop(verifier, candidate_generator, input_ids, **kwargs):
         raise RuntimeError(
             f"The K = 1 path runs transformers' private assisted-decoding loop, written for transformers "
             f"{' or '.join(v + 'x' for v in ASSISTED_LOOP_VERSIONS)}; this is {transformers.__version__}. Install "
-            "transformers>=5.23,<5.24, or use num_drafts > 1 or lookup_tokens > 0 (the tree loop is our own)."
+            "transformers>=5.23,<5.26, or use num_drafts > 1 or lookup_tokens > 0 (the tree loop is our own)."
         )
     verifier.__dict__["_get_candidate_generator"] = lambda *args, **kw: candidate_generator
     try:
@@ -866,7 +868,7 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
                                  num_drafts=num_drafts, draft_length=draft_length, lookup_tokens=lookup_tokens,
                                  num_lookup_drafts=num_lookup_drafts, max_tree_nodes=max_tree_nodes,
                                  streamer=token_streamer, stats=stats)
-    return tree_decoding(input_ids, model_kwargs["past_key_values"])
+    return tree_decoding(input_ids, model_kwargs[CACHE_KWARG])
 
 
 def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,
