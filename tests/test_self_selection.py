@@ -413,7 +413,7 @@ def test_chi_square_catches_an_unweighted_lookup_branch(small, lookup_prompt, mo
     verifier, drafter, _, _ = small
     prompt, exact = lookup_prompt
     # wrong: accept the lookup token with probability min(1, p / q) for a made-up q, and subtract that q on rejection
-    monkeypatch.setattr(torch.nn.functional, "one_hot", lambda t, n: torch.full((n,), 1.0 / n))
+    monkeypatch.setattr(decoding, "_point_mass", lambda token, like: torch.full_like(like, 1.0 / like.shape[-1]))
     pairs = sample_pairs(verifier, drafter, prompt, 1, lookup_tokens=2, temperature=2.0)
     assert chi_square_pvalue(pairs, exact) < 1e-3
 
