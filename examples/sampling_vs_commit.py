@@ -3,7 +3,7 @@ against an earlier commit's, for the shipped method (K=4 + lookup) and the drop-
 commit with a drafter of its own, so that their draft-length policies learn their own rounds), next to plain
 sampling and transformers' prompt lookup: one process, methods interleaved per prompt (order reversed every other
 prompt), every method of a prompt from the same seed. Sampled texts differ between methods, so speed is summed
-tokens over summed seconds per method. Usage:
+tokens over summed seconds per method. `--temperature 0` compares greedy decoding the same way. Usage:
 
     python examples/sampling_vs_commit.py aea45d7 --per-category 2 --max-new-tokens 128 --out results.json
 """
@@ -71,7 +71,7 @@ def main():
     parser.add_argument("--prompts", default="../shared/data/spec_bench/question.jsonl")
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--temperature", type=float, default=0.7)
+    parser.add_argument("--temperature", type=float, default=0.7, help="0: greedy (each method's own bf16 text)")
     parser.add_argument("--top-p", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0, help="prompt i samples from seed 1000 * seed + i")
     parser.add_argument("--out", required=True)
@@ -84,7 +84,8 @@ def main():
     earlier_block = module_at(args.commit, "hf_specdiff/generation_specdiff.py").draft_block
     forwards = []
     verifier.register_forward_hook(lambda *_: forwards.append(1))
-    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens)
+    sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens) \
+        if args.temperature > 0 else dict(do_sample=False, max_new_tokens=args.max_new_tokens)
     shipped = dict(num_drafts=4, lookup_tokens=10)
     methods = {
         "plain": lambda x: verifier.generate(**x, **sampling),

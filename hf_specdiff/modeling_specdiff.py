@@ -34,6 +34,9 @@ from .configuration_specdiff import SpecDiffConfig
 from .generation_specdiff import (LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, DraftLengthPolicy, RoundCosts,
                                   SpecDiffCache, VerifierFeatures, VerifierHooks, draft_block, point_mass_scores)
 
+# The field outputs hold the cache in: `cache` from transformers 5.24 on (the old name still works, with a warning).
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 # The drafter's own `num_assistant_tokens_schedule`: transformers' loop asks for `num_assistant_tokens` (the block
 # size) every round and the drafter drafts as many as its `DraftLengthPolicy` finds worth verifying. transformers
 # treats any value but "heuristic*" as constant; set "constant" to always draft what the loop asks for.
@@ -408,7 +411,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             hidden = hidden[:, -logits_to_keep:]
         logits = self.head(hidden)
         return CausalLMOutputWithPast(logits=logits if head_logits else self.to_full_vocab(logits),
-                                      past_key_values=past_key_values)
+                                      **{CACHE_FIELD: past_key_values})
 
     def _dflash_forward(self, noise_embeds, context_hidden_states, position_ids, attention_mask, past_key_values):
         """transformers' DFlash contract: the block's final hidden states [batch, block, hidden]."""
@@ -423,7 +426,8 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                             verifier_features=context_hidden_states, inputs_embeds=noise_embeds.to(self.dtype))
         # the loop applies the verifier's head next: hand the states over in the verifier's dtype (the embeddings'),
         # so a drafter loaded as saved (bf16) works beside a verifier in another dtype
-        return BaseModelOutputWithPast(last_hidden_state=hidden.to(noise_embeds.dtype), past_key_values=past_key_values)
+        return BaseModelOutputWithPast(last_hidden_state=hidden.to(noise_embeds.dtype),
+                                       **{CACHE_FIELD: past_key_values})
 
     def _check_inputs(self, input_ids, attention_mask, num_tokens, new_sequence: bool = True):
         """Raise an error naming the fix for inputs this drafter cannot draft after. The token ids and the mask are
@@ -642,11 +646,11 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                 rounds.drafted(input_ids, draft)
                 return GenerateDecoderOnlyOutput(sequences=torch.cat([input_ids, draft], dim=1),
                                                  scores=point_mass_scores(draft, self.config.vocab_size),
-                                                 past_key_values=past_key_values)
+                                                 **{CACHE_FIELD: past_key_values})
         if num_tokens == 0:  # not worth a draft: the loop's verifier forward is then a plain step
             rounds.drafted(input_ids, input_ids[:, :0])
             return GenerateDecoderOnlyOutput(sequences=input_ids, scores=(input_ids.new_zeros(1, 1).float(),),
-                                             past_key_values=past_key_values)
+                                             **{CACHE_FIELD: past_key_values})
         if logits_processor is None:
             logits_processor = _sampling_processors(generation_config)
         draft, scores = self.draft(input_ids, past_key_values, num_tokens, logits_processor,
@@ -656,7 +660,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         return GenerateDecoderOnlyOutput(
             sequences=torch.cat([input_ids, draft], dim=1),
             scores=tuple(scores[:, None].unbind(0)),
-            past_key_values=past_key_values,
+            **{CACHE_FIELD: past_key_values},
         )
 
 
