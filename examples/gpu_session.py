@@ -26,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from hf_specdiff.generation_specdiff import device_clock as clock  # noqa: E402 - after torch, as hf_specdiff does
+
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "model_cards" / "specdiff-smollm2-135m-instruct"
 DFLASH = ROOT / "model_cards" / "specdiff-dflash-smollm2-135m-instruct"
@@ -47,12 +49,6 @@ def save(results_file: Path, key: str, value):
     tmp.write_text(json.dumps(results, indent=1))
     tmp.replace(results_file)
     print(f"[{key}] " + json.dumps(value)[:2000], flush=True)
-
-
-def clock(device) -> float:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def step_env(args):

@@ -404,17 +404,18 @@ def tree_positions(past: int, num_committed: int, tree: DraftTree) -> torch.Tens
     return torch.cat([torch.arange(past, past + num_committed), past + num_committed - 1 + tree.depths])
 
 
-def tree_attention_mask(verifier, cache, num_committed: int, tree: DraftTree, dtype) -> torch.Tensor | dict:
+def tree_attention_mask(verifier, cache, num_committed: int, tree: DraftTree, dtype,
+                        positions: torch.Tensor) -> torch.Tensor | dict:
     """Additive 4D mask(s) for one verifier forward over [uncommitted prefix tokens, tree nodes], built on the
-    verifier's device (only the tree's small ancestor matrix and positions are copied there).
+    verifier's device (only the tree's small ancestor matrix is copied there).
 
-    Prefix queries attend causally; a node attends to the whole prefix and to its ancestors and itself. Models
+    `positions` are the queries' positions on the verifier's device (`tree_positions`). Prefix queries attend
+    causally; a node attends to the whole prefix and to its ancestors and itself. Models
     with sliding-window layers get one mask per layer type, cut to the keys each layer type holds.
     """
     device = verifier.device
     num_query = num_committed + len(tree)
     past = cache.get_seq_length()
-    positions = host_to_device(tree_positions(past, num_committed, tree), device)
     allowed = torch.ones(num_query, past + num_query, dtype=torch.bool, device=device)
     allowed[:num_committed, past:] = torch.ones(num_committed, num_query, dtype=torch.bool, device=device) \
         .tril()
@@ -691,7 +692,8 @@ class TreeDecoding:
             return self.verifier(
                 input_ids=torch.cat([committed, round_.tokens[None]], dim=1),
                 position_ids=positions[None],
-                attention_mask=tree_attention_mask(self.verifier, cache, committed.shape[1], tree, self.verifier.dtype),
+                attention_mask=tree_attention_mask(self.verifier, cache, committed.shape[1], tree, self.verifier.dtype,
+                                                   positions),
                 **{CACHE_KWARG: cache},
                 use_cache=True,
                 logits_to_keep=1 + len(tree),
