@@ -1,5 +1,5 @@
-"""Sampling with this checkout's tree loop (`decoding.py`) and denoising sampler (`generation_specdiff.draft_block`)
-against an earlier commit's, for the shipped method (K=4 + lookup) and the drop-in path (`assistant_model=`, each
+"""Sampling with this checkout's run-time code (the drafter's remote code and the tree loop `decoding.py`) against
+an earlier commit's, for the shipped method (K=4 + lookup) and the drop-in path (`assistant_model=`, each
 commit with a drafter of its own, so that their draft-length policies learn their own rounds), next to plain
 sampling and transformers' prompt lookup: one process, methods interleaved per prompt (order reversed every other
 prompt), every method of a prompt from the same seed. Sampled texts differ between methods, so speed is summed
@@ -9,8 +9,7 @@ tokens over summed seconds per method. `--temperature 0` compares greedy decodin
 """
 
 import argparse
-import contextlib
-import importlib.util
+import importlib
 import json
 import subprocess
 import sys
@@ -22,34 +21,30 @@ import torch
 
 import hf_specdiff
 from hf_specdiff.bench import read_spec_bench
-import hf_specdiff.modeling_specdiff as modeling
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.shipped import shipped_drafter_path
 from hf_specdiff.verifiers import load_verifier
 
 
-def module_at(commit: str, path: str):
-    """The file `path` (a module that imports only torch and transformers) as it was at `commit`, imported as a
-    module of its own."""
-    source = subprocess.run(["git", "show", f"{commit}:{path}"], capture_output=True, text=True, check=True).stdout
-    file = Path(tempfile.mkdtemp()) / f"{Path(path).stem}_{commit}.py"
-    file.write_text(source)
-    spec = importlib.util.spec_from_file_location(file.stem, file)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[file.stem] = module
-    spec.loader.exec_module(module)
-    return module
+REMOTE_CODE = ("configuration_specdiff", "modeling_specdiff", "generation_specdiff", "decoding")
 
 
-@contextlib.contextmanager
-def drafting_with(draft_block):
-    """Drafters draft with this `draft_block` inside the block."""
-    saved = modeling.draft_block
-    modeling.draft_block = draft_block
+def package_at(commit: str):
+    """hf_specdiff's run-time modules (the remote code and the tree loop, which import only torch, transformers and
+    each other) as they were at `commit`, imported as a package of their own."""
+    root = Path(tempfile.mkdtemp())
+    package = root / f"specdiff_{commit}"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for name in REMOTE_CODE:
+        source = subprocess.run(["git", "show", f"{commit}:hf_specdiff/{name}.py"], capture_output=True, text=True,
+                                check=True).stdout
+        (package / f"{name}.py").write_text(source)
+    sys.path.insert(0, str(root))
     try:
-        yield
+        return importlib.import_module(package.name)
     finally:
-        modeling.draft_block = saved
+        sys.path.remove(str(root))
 
 
 def drop_in(verifier, drafter, inputs, sampling):
@@ -78,10 +73,12 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(2)
     verifier, tokenizer = load_verifier(args.verifier, dtype=torch.bfloat16)
-    drafter, drafter_then = (SpecDiffDrafter.from_pretrained(args.drafter or shipped_drafter_path()).eval()
-                             for _ in range(2))
-    earlier = module_at(args.commit, "hf_specdiff/decoding.py")
-    earlier_block = module_at(args.commit, "hf_specdiff/generation_specdiff.py").draft_block
+    then = package_at(args.commit)
+    earlier = importlib.import_module(f"{then.__name__}.decoding")
+    drafter_class_then = importlib.import_module(f"{then.__name__}.modeling_specdiff").SpecDiffDrafter
+    drafter_path = args.drafter or shipped_drafter_path()
+    drafter = SpecDiffDrafter.from_pretrained(drafter_path).eval()
+    drafter_then = drafter_class_then.from_pretrained(drafter_path).eval()
     forwards = []
     verifier.register_forward_hook(lambda *_: forwards.append(1))
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens) \
@@ -95,7 +92,6 @@ def main():
         f"K=4 + lookup at {args.commit}": lambda x: earlier.generate(verifier, drafter_then, **x, **sampling, **shipped),
         "K=4 + lookup, this checkout": lambda x: hf_specdiff.generate(verifier, drafter, **x, **sampling, **shipped),
     }
-    then = {f"drop-in at {args.commit}", f"K=4 + lookup at {args.commit}"}
     totals = {name: [0, 0.0, 0] for name in methods}  # tokens, seconds, verifier forwards
     rows = []
     for index, prompt in enumerate(read_spec_bench(args.prompts, args.per_category)):
@@ -105,10 +101,9 @@ def main():
         for name in list(methods)[:: 1 if index % 2 == 0 else -1]:
             torch.manual_seed(1000 * args.seed + index)
             forwards.clear()
-            with drafting_with(earlier_block) if name in then else contextlib.nullcontext():
-                start = time.perf_counter()
-                out = methods[name](inputs)
-                seconds = time.perf_counter() - start
+            start = time.perf_counter()
+            out = methods[name](inputs)
+            seconds = time.perf_counter() - start
             tokens = out.shape[1] - inputs["input_ids"].shape[1]
             row[name] = {"tokens": tokens, "seconds": seconds, "forwards": len(forwards)}
             totals[name] = [totals[name][0] + tokens, totals[name][1] + seconds, totals[name][2] + len(forwards)]

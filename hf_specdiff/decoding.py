@@ -127,7 +127,7 @@ class DiffusionCandidateGenerator(CandidateGenerator):
     """
 
     def __init__(self, drafter, generation_config, logits_processor, draft_length: int | None = None,
-                 stats: SpecDiffStats | None = None):
+                 stats: SpecDiffStats | None = None, cost_profile=None):
         self.drafter = drafter
         self.cache = drafter.new_cache()
         self.requires_model_outputs = drafter.config.is_conditioned
@@ -137,11 +137,8 @@ class DiffusionCandidateGenerator(CandidateGenerator):
         self.logits_processor = list(logits_processor or [])
         self.do_sample = bool(generation_config.do_sample)
         self.max_length = generation_config.max_length
-        if draft_length is None:  # measured acceptance and round costs, kept on the drafter across generations
-            self.policy = drafter.length_policy
-            self.policy.new_generation()
-        else:
-            self.policy = drafter.new_length_policy(fixed=draft_length)
+        # acceptance measured in this generation; round costs from this machine's profile and this loop's rounds
+        self.policy = drafter.new_length_policy(fixed=draft_length, profile=cost_profile)
         self.stats = stats if stats is not None else SpecDiffStats()
         self._last_draft_len = 0
         self._round_started: float | None = None  # None until the verifier has read the prompt (untimed round)
@@ -580,7 +577,7 @@ class TreeDecoding:
 
     def __init__(self, verifier, drafter, generation_config, logits_processor, stopping_criteria, *, num_drafts: int,
                  draft_length: int | None, lookup_tokens: int, num_lookup_drafts: int, max_tree_nodes: int | None,
-                 streamer, stats):
+                 streamer, stats, cost_profile=None):
         _check_tree_support(verifier)
         self.verifier, self.drafter = verifier, drafter
         self.generation_config = generation_config
@@ -590,7 +587,9 @@ class TreeDecoding:
         self.streamer, self.stats = streamer, stats
         self.do_sample = bool(generation_config.do_sample)
         self.conditioned = drafter.config.is_conditioned
-        self.length_policy = drafter.new_length_policy(fixed=draft_length)
+        self.cost_profile = cost_profile
+        self.length_policy = drafter.new_length_policy(fixed=draft_length, profile=cost_profile)
+        self.round_costs = drafter.new_round_costs(cost_profile)  # of greedy rounds by nodes verified, for tree_budget
         # by depth, for the latest match's draft, the one before it, ...
         self.lookup_acceptance = [drafter.new_acceptance_rates(lookup_tokens) for _ in range(self.num_lookup_drafts)]
         self.drafter_cache = drafter.new_cache()
@@ -629,7 +628,7 @@ class TreeDecoding:
         started = time.perf_counter()
         past = cache.get_seq_length()
         room = self.generation_config.max_length - input_ids.shape[1] - 1
-        num_tokens = min(self.length_policy.next_length(), room)
+        num_tokens = min(self.length_policy.next_length(allow_skip=True), room)  # 0: the drafter does not pay
         if self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
             num_tokens = 0  # the verifier reads the prompt first
         lookups = prompt_lookup(self.host_ids, min(self.lookup_tokens, room), self.num_lookup_drafts) \
@@ -655,7 +654,7 @@ class TreeDecoding:
         max_tree_nodes) when the caller fixed the size."""
         if self.max_tree_nodes:
             return None, self.max_tree_nodes
-        return self.drafter.tree_round_costs, DEFAULT_MAX_TREE_NODES
+        return self.round_costs, DEFAULT_MAX_TREE_NODES
 
     def _plan_sampling(self, num_tokens: int, lookups: list[list[int]]) -> tuple[int, list[list[int]]]:
         """Sampling: the drafter's draft length (at most `num_tokens`) and the lookup drafts cut to their depths
@@ -723,8 +722,11 @@ class TreeDecoding:
             self.length_policy.update(max(map(len, round_.drafts), default=0), accepted)
         if round_.lookups:
             self.learn_lookup(round_.lookups, tree.tokens[path].tolist() + [next_token])
-        if round_.committed.shape[1] == 1:  # a round that read no prompt
-            self.drafter.tree_round_costs.record(len(tree), device_clock(self.verifier.device) - round_.started)
+        if round_.committed.shape[1] == 1:  # a round that read no prompt; the tree was sized after the drafter's call
+            seconds = device_clock(self.verifier.device) - round_.started
+            if round_.draft_scores is not None and self.cost_profile is not None:
+                seconds -= float(self.cost_profile.drafter_seconds(torch.tensor([round_.draft_scores.shape[0]]))[0])
+            self.round_costs.record(len(tree), seconds)
 
     def learn_lookup(self, lookups: list[list[int]], committed: list[int]):
         """Each lookup draft's acceptance by depth, from the verifier's greedy tokens this round, `committed`: as far
@@ -788,9 +790,10 @@ def assisted_loop(verifier, candidate_generator, input_ids, **kwargs):
 
 
 def _linear_decoding(verifier, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
-                     draft_length, streamer, stats, model_kwargs):
+                     draft_length, streamer, stats, cost_profile, model_kwargs):
     """K = 1: transformers' own `_assisted_decoding`, fed by `DiffusionCandidateGenerator`."""
-    generator = DiffusionCandidateGenerator(drafter, generation_config, logits_processor, draft_length, stats)
+    generator = DiffusionCandidateGenerator(drafter, generation_config, logits_processor, draft_length, stats,
+                                            cost_profile)
     result = assisted_loop(verifier, generator, input_ids, logits_processor=logits_processor,
                            stopping_criteria=stopping_criteria, generation_config=generation_config,
                            streamer=streamer, **model_kwargs)
@@ -813,8 +816,8 @@ def _linear_decoding(verifier, input_ids, logits_processor, stopping_criteria, g
 def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                       drafter=None, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,
                       num_lookup_drafts: int = DEFAULT_NUM_LOOKUP_DRAFTS, max_tree_nodes: int | None = None,
-                      token_streamer=None,
-                      specdiff_stats: SpecDiffStats | None = None, **model_kwargs):
+                      token_streamer=None, specdiff_stats: SpecDiffStats | None = None, cost_profile=None,
+                      **model_kwargs):
     """A `custom_generate` callable: `model.generate(**inputs, custom_generate=specdiff_generate, drafter=...)`.
 
     Args:
@@ -832,7 +835,9 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
             probabilities and the measured cost of a round on this machine (`tree_budget`, `sampling_plan`).
         token_streamer: a streamer (`put`/`end`), since transformers does not forward `streamer` to custom loops;
             like `generate`, it gets the prompt first, then the new tokens.
-        specdiff_stats: a `SpecDiffStats` to fill; the last run's stats are also left on `drafter.last_stats`.
+        specdiff_stats: a `SpecDiffStats` to fill with what the call did (rounds, tau, acceptance by position).
+        cost_profile: what rounds cost on this machine (`drafter.cost_profile(model)`, measured once per machine and
+            models and cached; the default), which every draft-length and tree-size decision starts from.
 
     transformers drops `tokenizer` before calling a custom loop, so `stop_strings` need `generate(...)` below, or
     `stopping_criteria=[StopStringCriteria(tokenizer, stop_strings)]`.
@@ -860,28 +865,33 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
                          f"got {draft_length}")
     drafter.set_verifier(model)  # checks the pair; a dflash-layout drafter drafts with the verifier's weights
     stats = specdiff_stats if specdiff_stats is not None else SpecDiffStats()
-    drafter.last_stats = stats
+    linear = num_drafts == 1 and not lookup_tokens
+    if not linear:
+        _check_tree_support(model)  # before the profile's forwards, which would fail less clearly
+    if cost_profile is None:
+        cost_profile = drafter.cost_profile(model)
     if token_streamer is not None:  # as in transformers' generate: the prompt first (TextStreamer's skip_prompt)
         token_streamer.put(input_ids.cpu())
-    if num_drafts == 1 and not lookup_tokens:
+    if linear:
         return _linear_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
-                                draft_length, token_streamer, stats, model_kwargs)
+                                draft_length, token_streamer, stats, cost_profile, model_kwargs)
     tree_decoding = TreeDecoding(model, drafter, generation_config, logits_processor, stopping_criteria,
                                  num_drafts=num_drafts, draft_length=draft_length, lookup_tokens=lookup_tokens,
                                  num_lookup_drafts=num_lookup_drafts, max_tree_nodes=max_tree_nodes,
-                                 streamer=token_streamer, stats=stats)
+                                 streamer=token_streamer, stats=stats, cost_profile=cost_profile)
     return tree_decoding(input_ids, model_kwargs[CACHE_KWARG])
 
 
 def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,
              num_lookup_drafts: int = DEFAULT_NUM_LOOKUP_DRAFTS, max_tree_nodes: int | None = None, streamer=None,
-             stats: SpecDiffStats | None = None, **kwargs):
+             stats: SpecDiffStats | None = None, cost_profile=None, **kwargs):
     """`model.generate(*args, **kwargs)` with SpecDiff drafting: the short form, and the Hub `custom_generate` entry.
 
     Takes every `generate` argument, plus `drafter`, `num_drafts` (K), `draft_length` (None: adaptive),
     `lookup_tokens` (prompt-lookup branches in the tree; 0: none), `num_lookup_drafts` (how many), `max_tree_nodes`
     (tree size, lookup branches included; None: sized each round by measured cost, at most
-    `DEFAULT_MAX_TREE_NODES`), `streamer` and `stats` (a `SpecDiffStats` to fill).
+    `DEFAULT_MAX_TREE_NODES`), `streamer`, `stats` (a `SpecDiffStats` to fill) and `cost_profile` (default: this
+    machine's, measured once and cached).
     """
     if drafter is None:
         raise ValueError("Pass the drafter: generate(model, drafter, **inputs) or model.generate(..., drafter=drafter)")
@@ -897,7 +907,7 @@ def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int 
     return GenerationMixin.generate(model, *args, custom_generate=specdiff_generate, drafter=drafter,
                                     num_drafts=num_drafts, draft_length=draft_length, lookup_tokens=lookup_tokens,
                                     num_lookup_drafts=num_lookup_drafts, max_tree_nodes=max_tree_nodes,
-                                    token_streamer=streamer, specdiff_stats=stats,
+                                    token_streamer=streamer, specdiff_stats=stats, cost_profile=cost_profile,
                                     **kwargs)
 
 

@@ -33,7 +33,9 @@ Arguments beyond `generate`'s own: `drafter` (required), `num_drafts` (K, defaul
 (default: adapted to measured acceptance), `lookup_tokens` (prompt-lookup drafts of up to this many tokens in
 each round's tree; default 0, none), `num_lookup_drafts` (how many: the distinct continuations of the latest
 matches; default 4), `max_tree_nodes` (greedy tree size, lookup drafts included; default: sized each round by
-measured cost), `streamer`, `stats` (a `SpecDiffStats` to fill). Batch size 1.
+measured cost), `cost_profile` (a `CostProfile` of this machine's verifier and drafter forwards; default: measured
+once per machine and model and cached, see `hf_specdiff.generation_specdiff.cost_profile`), `streamer`, `stats` (a
+`SpecDiffStats` to fill). Batch size 1.
 The verifier needs an attention implementation that takes a 4D mask (`sdpa` or `eager`) when K > 1 or
 `lookup_tokens` > 0.
 

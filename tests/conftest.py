@@ -1,7 +1,10 @@
 import os
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+# cost profiles measured for the tests' models stay out of the user's cache (one folder per test process)
+os.environ.setdefault("HF_SPECDIFF_COSTS", tempfile.mkdtemp(prefix="hf_specdiff_costs_"))
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `pytest -n N`: share the cores, in this process and its children
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 2) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
 

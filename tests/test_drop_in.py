@@ -192,7 +192,7 @@ def test_sampling_honours_processors(processed, route):
                                        **sampling, **PROCESSORS)
         assert out.sequences.tolist() == plain.tolist()
         assert len(out.scores) == 30 and all(torch.isinf(s[0, 4]) for s in out.scores)
-    assert route == "drop-in" or stats.acceptance_by_position[0] > 0.3  # drafts were accepted and checked
+    assert route == "drop-in" or stats.acceptance_by_position[0] > 0.15  # drafts were accepted and checked
 
 
 def test_bf16_follows_verifier_dtype(trained):

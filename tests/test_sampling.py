@@ -85,9 +85,10 @@ def lookup_setup(setup):
                     for c in candidates]
     best = min(range(len(candidates)), key=lambda i: abs(p_lookup[i] - 0.5))
     assert 0.1 < p_lookup[best] < 0.9
-    drafter = tiny_drafter(verifier, block_size=4)
-    for length, seconds in ((1, 3.0), (2, 5.0)):  # as if each drafted token cost twice a plain step
-        drafter.assistant_length_policy.costs.record(length, seconds)
+    drafter = tiny_drafter(verifier, block_size=4).attach(verifier)
+    # verified tokens cheap, the drafter's call dear: lookup drafts pay, the drafter's do not
+    profile = generation.CostProfile({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15, 5: 1.2}, drafter={1: 2.0, 3: 2.0})
+    generation.set_cost_profile(verifier, drafter, profile)
     return drafter, candidates[best], exact_first_two(verifier, candidates[best], temperature=2.0)
 
 
@@ -98,12 +99,15 @@ def sample_lookup_pairs(verifier, drafter, prompt):
                         for _ in range(SAMPLES)])
 
 
-def test_drop_in_lookup_rounds_sample_the_target(setup, lookup_setup):
+def test_drop_in_lookup_rounds_sample_the_target(setup, lookup_setup, monkeypatch):
     verifier = setup[0]
     drafter, prompt, exact = lookup_setup
+    rounds = []  # each generation's round tracker, which holds its policies
+    init = generation.AssistantRounds.__init__
+    monkeypatch.setattr(generation.AssistantRounds, "__init__", lambda self, *a: rounds.append(self) or init(self, *a))
     pairs = sample_lookup_pairs(verifier, drafter, prompt)
     assert chi_square_pvalue(pairs, exact) > 1e-3
-    assert float(drafter.assistant_lookup_policy.acceptance.reached[0]) > 0  # lookup rounds ran
+    assert sum(float(r.lookup_policy.acceptance.reached[0]) for r in rounds) > 0  # lookup rounds ran
 
 
 def test_chi_square_catches_lookup_rounds_scored_as_uniform(setup, lookup_setup, monkeypatch):

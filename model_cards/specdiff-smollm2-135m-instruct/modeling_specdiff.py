@@ -13,7 +13,9 @@ This file ships to the Hub as remote code: it imports only torch and transformer
 """
 
 import copy
+import functools
 import os
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -31,8 +33,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_specdiff import SpecDiffConfig
-from .generation_specdiff import (LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, DraftLengthPolicy, RoundCosts,
-                                  SpecDiffCache, VerifierFeatures, VerifierHooks, draft_block, point_mass_scores)
+from .generation_specdiff import (LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, CostProfile, DraftLengthPolicy,
+                                  RoundCosts, SpecDiffCache, VerifierFeatures, VerifierHooks, cost_profile,
+                                  draft_block, point_mass_scores)
 
 # The field outputs hold the cache in: `cache` from transformers 5.24 on (the old name still works, with a warning).
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -279,17 +282,23 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         self._verifier_weights: VerifierWeights | None = None
         self._draft_ids: torch.Tensor | None = None
         self._hooks: VerifierHooks | None = None
-        self._length_policy: DraftLengthPolicy | None = None
-        self._assistant_length_policy: DraftLengthPolicy | None = None
-        self._assistant_lookup_policy: DraftLengthPolicy | None = None
-        self._tree_round_costs: RoundCosts | None = None
-        # the drop-in path's prompt-lookup drafts, in rounds where drafting does not pay: at most this many tokens
-        # (0: the drafter's own drafts only)
-        self.assistant_lookup_tokens = LOOKUP_TOKENS
+        self._verifier = None  # a weak reference to the verifier `set_verifier` paired it with
         self.post_init()
         self.generation_config.num_assistant_tokens = config.max_draft_tokens
         self.generation_config.num_assistant_tokens_schedule = ADAPTIVE_SCHEDULE
         self.generation_config.assistant_confidence_threshold = 0.0
+
+    @property
+    def assistant_lookup_tokens(self) -> int:
+        """The drop-in path's prompt-lookup drafts, in rounds where they are expected to pay more than the drafter's:
+        at most this many tokens (0: the drafter's own drafts only). Kept in `generation_config`."""
+        return getattr(self.generation_config, "assistant_lookup_tokens", LOOKUP_TOKENS)
+
+    @assistant_lookup_tokens.setter
+    def assistant_lookup_tokens(self, value: int):
+        if value < 0:
+            raise ValueError(f"assistant_lookup_tokens must be >= 0, got {value}")
+        self.generation_config.assistant_lookup_tokens = value
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -322,6 +331,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         embedding table and head, which it drafts with (they stay the verifier's: not saved with the drafter, not
         trained). `attach`, `hf_specdiff.generate` and the trainer call it."""
         self.check_verifier(verifier)
+        self._verifier = weakref.ref(verifier)
         if self.config.uses_verifier_weights:
             self._verifier_weights = VerifierWeights(verifier, self.config.vocab_size)
         return self
@@ -535,42 +545,24 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             schedule=self.config.unmasking_schedule,
         )
 
-    @property
-    def length_policy(self) -> DraftLengthPolicy:
-        """The adaptive draft-length policy of the K=1 path (`hf_specdiff.generate`): measured acceptance and round
-        costs, kept across generations."""
-        if self._length_policy is None:
-            self._length_policy = self.new_length_policy()
-        return self._length_policy
+    def cost_profile(self, verifier=None, measure: bool = True) -> CostProfile | None:
+        """This machine's `CostProfile` for this drafter beside `verifier` (default: the one `set_verifier` or
+        `attach` paired it with; None if there is none), measured on first use and cached per machine and models."""
+        verifier = verifier if verifier is not None else (self._verifier() if self._verifier is not None else None)
+        return None if verifier is None else cost_profile(verifier, self, measure=measure)
 
-    @property
-    def assistant_length_policy(self) -> DraftLengthPolicy:
-        """The drop-in path's own policy (`assistant_model=`): its rounds cost what transformers' assisted loop
-        adds, so their costs are not mixed with the K=1 path's."""
-        if self._assistant_length_policy is None:
-            self._assistant_length_policy = self.new_length_policy()
-        return self._assistant_length_policy
+    def new_length_policy(self, max_length: int | None = None, fixed: int | None = None,
+                          profile: CostProfile | None = None, drafted: bool = True) -> DraftLengthPolicy:
+        """A fresh `DraftLengthPolicy` for drafts of at most `max_length` tokens (default: the block size), its round
+        costs from `profile` (with this drafter's call where `drafted`; prompt-lookup drafts have none)."""
+        prior = None if profile is None else functools.partial(profile.round_seconds, drafted=drafted)
+        return DraftLengthPolicy(max_length or self.config.max_draft_tokens, fixed, costs=RoundCosts(prior=prior))
 
-    @property
-    def assistant_lookup_policy(self) -> DraftLengthPolicy:
-        """The drop-in path's policy for its prompt-lookup drafts (up to `assistant_lookup_tokens`): their own
-        acceptance and round costs, kept across generations."""
-        if self._assistant_lookup_policy is None or \
-                self._assistant_lookup_policy.max_length != self.assistant_lookup_tokens:
-            self._assistant_lookup_policy = DraftLengthPolicy(self.assistant_lookup_tokens)
-        return self._assistant_lookup_policy
-
-    @property
-    def tree_round_costs(self) -> RoundCosts:
-        """Measured seconds of greedy tree rounds by the number of nodes verified, kept across generations: what
-        `hf_specdiff.decoding.tree_budget` weighs a bigger tree against."""
-        if self._tree_round_costs is None:
-            self._tree_round_costs = RoundCosts()
-        return self._tree_round_costs
-
-    def new_length_policy(self, max_length: int | None = None, fixed: int | None = None) -> DraftLengthPolicy:
-        """A fresh `DraftLengthPolicy` for drafts of at most `max_length` tokens (default: the block size)."""
-        return DraftLengthPolicy(max_length or self.config.max_draft_tokens, fixed)
+    @staticmethod
+    def new_round_costs(profile: CostProfile | None) -> RoundCosts:
+        """Fresh measured costs of tree rounds by nodes verified, from `profile`'s verifier forwards (the drafter's
+        call is left out: a tree is sized after it ran)."""
+        return RoundCosts(prior=None if profile is None else lambda nodes: profile.verifier_seconds(nodes + 1))
 
     @staticmethod
     def new_acceptance_rates(max_length: int) -> AcceptanceRates:
@@ -584,11 +576,11 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                 self.generation_config.num_assistant_tokens_schedule != ADAPTIVE_SCHEDULE:
             return None
         if cache.assistant_rounds is None:  # a new generation
-            lookup_policy = self.assistant_lookup_policy if self.assistant_lookup_tokens else None
-            for policy in (self.assistant_length_policy, lookup_policy):
-                if policy is not None:
-                    policy.new_generation()
-            cache.assistant_rounds = AssistantRounds(self.assistant_length_policy, lookup_policy)
+            profile = self.cost_profile()
+            lookup_tokens = self.assistant_lookup_tokens
+            lookup_policy = self.new_length_policy(lookup_tokens, profile=profile, drafted=False) \
+                if lookup_tokens else None
+            cache.assistant_rounds = AssistantRounds(self.new_length_policy(profile=profile), lookup_policy)
         return cache.assistant_rounds
 
     @torch.no_grad()
@@ -611,15 +603,16 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         (the prefix cache to pass back next round).
 
         Called by the assisted loop (`generation_config.is_assistant`) with the drafter's schedule "adaptive" (the
-        default), it drafts as many of the tokens asked for as its `assistant_length_policy` finds worth verifying: more where
+        default), it drafts as many of the tokens asked for as its length policy finds worth verifying: more where
         the drafter is accepted and an extra verified token is cheap on this machine, none where even one does not
         pay (probe rounds, rarer while they show that drafting does not pay, keep acceptance measured). Such a
-        round proposes prompt lookup's draft instead (up to `assistant_lookup_tokens`, as many as its own
-        `assistant_lookup_policy` finds worth verifying), with a point mass as its scores: under sampling the loop's
-        speculative sampling then accepts a token with its probability under the verifier, which is lossless. With
-        neither, a greedy round returns `input_ids` unchanged and one placeholder score, which transformers' loop
-        stacks but, greedy without `assistant_ensemble_weight`, never reads: its verifier forward is then a plain
-        greedy step (a sampled round drafts one token: the loop's sampling step needs one).
+        round proposes prompt lookup's draft instead (up to `assistant_lookup_tokens`, as many as its own policy
+        finds worth verifying), with a point mass as its scores: under sampling the loop's speculative sampling then
+        accepts a token with its probability under the verifier, which is lossless. With neither, a greedy round
+        returns `input_ids` unchanged and one placeholder score, which transformers' loop stacks but, greedy without
+        `assistant_ensemble_weight`, never reads: its verifier forward is then a plain greedy step (a sampled round
+        drafts one token: the loop's sampling step needs one). The policies live in the drafter's cache, one
+        generation long; paired with its verifier (`attach`), they start from this machine's `cost_profile`.
         """
         # a shallow copy takes the call's settings without touching the caller's config (a deep copy cost about
         # 1 ms a round here, copying tensors this method never reads)
