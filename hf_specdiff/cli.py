@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 
-DEMO_PROMPT = "Explain speculative decoding in two sentences."
 TRAINED = "pass the folder that `hf-specdiff train --out` or `hf-specdiff package` wrote"
 PACKAGED = "pass the folder that `hf-specdiff package` wrote"
 
@@ -145,9 +144,19 @@ def cmd_demo(args):
             raise FileNotFoundError(f"no prompt file at {path}")
         prompts += read_prompts(path) if path.suffix == ".jsonl" else \
             [line.strip() for line in path.read_text().splitlines() if line.strip()]
-    run_demo(prompts or [DEMO_PROMPT], verifier=args.verifier, drafter=args.drafter, num_drafts=args.num_drafts,
-             lookup_tokens=args.lookup_tokens, max_new_tokens=args.max_new_tokens, dtype=_dtype(args.dtype),
+    run_demo(prompts or None, verifier=args.verifier, drafter=args.drafter, num_drafts=args.num_drafts,
+             lookup_tokens=args.lookup_tokens, max_new_tokens=args.max_new_tokens, dtype=args.dtype,
              threads=args.threads)
+
+
+def cmd_doctor(args):
+    from .doctor import DTYPES, measure_outlooks, report
+
+    if args.drafter:
+        checked_folder(args.drafter, "drafter folder", f"{TRAINED}, or leave --drafter out for the shipped drafter")
+    checked_verifier(args.verifier)
+    dtypes = tuple(DTYPES) if args.dtype == "auto" else (args.dtype,)
+    print(report(measure_outlooks(args.verifier, args.drafter, dtypes, threads=args.threads, device=args.device)))
 
 
 def cmd_bench(args):
@@ -164,6 +173,12 @@ def cmd_bench(args):
     settings = {k: v for k, v in vars(args).items() if k != "func"}
     run_info = {k: settings[k] for k in ("verifier", "drafter", "compare_drafter", "mdlm_drafter", "ar_drafter",
                                          "dtype", "drafter_dtype", "threads")}
+    drafter = args.drafter or (shipped_drafter_path(args.verifier) if args.verifier in SHIPPED_DRAFTERS else None)
+    if args.dtype == "auto":
+        from .doctor import choose_dtype
+
+        args.dtype = run_info["dtype"] = settings["dtype"] = choose_dtype(args.verifier, drafter, args.threads,
+                                                                          args.device)
     verifier, tokenizer = load_verifier(args.verifier, dtype=_dtype(args.dtype), device=args.device)
     drafter_dtype = verifier.dtype if args.drafter_dtype == "same" else _dtype(args.drafter_dtype)
 
@@ -173,7 +188,6 @@ def cmd_bench(args):
         return AutoModelForCausalLM.from_pretrained(path, dtype=drafter_dtype, trust_remote_code=True) \
             .to(verifier.device).eval()
 
-    drafter = args.drafter or (shipped_drafter_path(args.verifier) if args.verifier in SHIPPED_DRAFTERS else None)
     specdiff = [d for d in (load(drafter), load(args.compare_drafter)) if d is not None]
     summary = benchmark(verifier, tokenizer, prompts, **by_kind(specdiff), mdlm_drafter=load(args.mdlm_drafter),
                         ar_drafter=load(args.ar_drafter), num_drafts=tuple(int(k) for k in args.num_drafts.split(",")),
@@ -282,7 +296,7 @@ def _dtype(name: str):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-specdiff", description="Speculative decoding with diffusion drafters")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add_parser in (_setup_parser, _demo_parser, _distill_data_parser, _synth_prompts_parser, _train_parser,
+    for add_parser in (_setup_parser, _demo_parser, _doctor_parser, _distill_data_parser, _synth_prompts_parser, _train_parser,
                        _eval_drafter_parser, _bench_parser, _package_parser, _card_parser, _push_parser,
                        _export_parser, _export_custom_generate_parser):
         add_parser(sub)
@@ -299,16 +313,29 @@ def _setup_parser(sub):
 
 def _demo_parser(sub):
     p = sub.add_parser("demo", help="stream an answer with SpecDiff, then compare speed and text with plain greedy")
-    p.add_argument("prompt", nargs="*", help=f"one or more prompts (default: {DEMO_PROMPT!r})")
+    p.add_argument("prompt", nargs="*", help="one or more prompts (default: four of different kinds: a code edit, an "
+                                              "extraction, a summary, an open question)")
     p.add_argument("--prompt-file", default=None, help="more prompts: a text file, one per line, or a jsonl file")
     p.add_argument("--verifier", default="smollm2-135m-instruct")
     p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped SmolLM2 drafter)")
     p.add_argument("--num-drafts", type=int, default=4, help="K drafts verified as one tree")
     p.add_argument("--lookup-tokens", type=int, default=10, help="prompt-lookup branch in the tree (0: none)")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="auto: the dtype the method is fastest in on this machine's cost profile")
     p.add_argument("--threads", type=int, default=2)
     p.set_defaults(func=cmd_demo)
+
+
+def _doctor_parser(sub):
+    p = sub.add_parser("doctor", help="this machine's cost profile: what drafting can gain here, what the defaults "
+                                      "will do and why")
+    p.add_argument("--verifier", default="smollm2-135m-instruct")
+    p.add_argument("--drafter", default=None, help="drafter folder (default: the shipped SmolLM2 drafter)")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="auto: both, compared")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default=None, help="e.g. cuda (default: cpu)")
+    p.set_defaults(func=cmd_doctor)
 
 
 def _distill_data_parser(sub):
@@ -399,7 +426,8 @@ def _bench_parser(sub):
                         "same seed (no exact-match rate: sampled texts differ)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling's top-p, with --temperature")
     p.add_argument("--top-k", type=int, default=0, help="top-k sampling (0: off), with --temperature")
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+                   help="auto: the dtype the shipped method is fastest in on this machine's cost profile")
     p.add_argument("--drafter-dtype", default="same", choices=["same", "bf16", "fp32"],
                    help="the drafters' dtype (same: the verifier's); an fp32 drafter beside a bf16 verifier drafts "
                         "faster on CPUs without bf16 matrix units (docs/tuning.md)")

@@ -1,5 +1,5 @@
 """`hf-specdiff demo`: stream answers with SpecDiff decoding, the drafter's accepted tokens marked, then compare
-each with plain greedy decoding."""
+each with plain greedy decoding, and say what this machine's costs let drafting gain."""
 
 import sys
 
@@ -7,13 +7,27 @@ import torch
 
 from .compat import check_compatibility
 from .decoding import SpecDiffStats, generate
-from .generation_specdiff import device_clock
+from .doctor import DTYPES, Outlook, choose_dtype
+from .generation_specdiff import cost_profile, device_clock
 from .modeling_specdiff import SpecDiffDrafter
 from .shipped import shipped_drafter_path
 from .threads import torch_threads
 from .verifiers import DEFAULT_VERIFIER, load_verifier
 
 DRAFTED_COLOUR, RESET = "\033[32m", "\033[0m"
+# the default prompts: requests of different kinds, from ones that copy their context to an open question
+DEMO_PROMPTS = [
+    "Rename the variable `x` to `total` in this Python function and show the whole function:\n\n"
+    "def add_prices(items):\n    x = 0\n    for item in items:\n        if item.price > 0:\n"
+    "            x = x + item.price\n    return x",
+    "List every city in this passage with its country, one per line:\n\nThe tour started in Lyon, France, went on "
+    "to Turin in Italy and to Geneva, Switzerland, and ended in Munich, Germany, after a rest day in Innsbruck, "
+    "Austria.",
+    "Summarize this in one sentence:\n\nThe library's reading room will close for renovation from March to June. "
+    "During that time, books can still be borrowed at the front desk, and study space is available on the second "
+    "floor. The renovated room will have more seats, better lighting and power outlets at every table.",
+    "Explain speculative decoding in two sentences.",
+]
 
 
 class DraftMarkingStreamer:
@@ -59,29 +73,67 @@ class DraftMarkingStreamer:
         self.out.flush()
 
 
-def load_demo_models(verifier: str = DEFAULT_VERIFIER, drafter: str | None = None, dtype=torch.bfloat16):
+def load_demo_models(verifier: str = DEFAULT_VERIFIER, drafter: str | None = None, dtype=torch.bfloat16,
+                     device: str | None = None):
     """(verifier, tokenizer, drafter): the drafter first (`None`: the shipped one), so a bad folder fails fast."""
     draft_model = SpecDiffDrafter.from_pretrained(drafter or shipped_drafter_path(verifier), dtype=dtype).eval()
-    model, tokenizer = load_verifier(verifier, dtype=dtype)
+    model, tokenizer = load_verifier(verifier, dtype=dtype, device=device)
+    draft_model.to(model.device)
     check_compatibility(model, draft_model)
     return model, tokenizer, draft_model
 
 
-def run_demo(prompts: str | list[str], verifier: str = DEFAULT_VERIFIER, drafter: str | None = None,
-             num_drafts: int = 4, lookup_tokens: int = 10, max_new_tokens: int = 128, dtype=torch.bfloat16,
+def run_demo(prompts: str | list[str] | None = None, verifier: str = DEFAULT_VERIFIER, drafter: str | None = None,
+             num_drafts: int = 4, lookup_tokens: int = 10, max_new_tokens: int = 128, dtype="auto",
              threads: int | None = 2, colour: bool | None = None) -> list[dict]:
-    """Stream SpecDiff's answer to each prompt with its drafted tokens marked, time plain greedy on the same input,
-    print and return the comparisons. `threads` applies to this call only; `colour=None` colours on a terminal."""
-    prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+    """Stream SpecDiff's answer to each prompt (None: `DEMO_PROMPTS`) with its drafted tokens marked, time plain
+    greedy on the same input, print and return the comparisons, then the total and what this machine's cost profile
+    lets drafting gain. `dtype`: "auto" (the faster on this machine's profile), "bf16", "fp32" or a torch dtype.
+    `threads` applies to this call only; `colour=None` colours on a terminal."""
+    prompts = DEMO_PROMPTS if prompts is None else [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts:
         raise ValueError("no prompts given")
     colour = sys.stdout.isatty() if colour is None else colour
     with torch_threads(threads):
+        if dtype == "auto":
+            dtype = choose_dtype(verifier, drafter, threads=None)
+        dtype = DTYPES.get(dtype, dtype)
         model, tokenizer, draft_model = load_demo_models(verifier, drafter, dtype)
         print("drafted by the drafter and accepted by the verifier: " +
               (f"{DRAFTED_COLOUR}green{RESET}" if colour else "[in brackets]") + "; the rest: the verifier's own")
-        return [_compare(model, tokenizer, draft_model, prompt, dict(num_drafts=num_drafts, lookup_tokens=lookup_tokens),
-                         max_new_tokens, colour) for prompt in prompts]
+        results = [_compare(model, tokenizer, draft_model, prompt, dict(num_drafts=num_drafts,
+                                                                        lookup_tokens=lookup_tokens),
+                            max_new_tokens, colour) for prompt in prompts]
+        _print_total(results, model.dtype)
+        _print_outlook(Outlook(str(model.dtype).removeprefix("torch."), cost_profile(model, draft_model),
+                               draft_model.config.max_draft_tokens))
+        return results
+
+
+def _print_total(results: list[dict], dtype: torch.dtype):
+    if len(results) < 2:
+        return
+    plain = sum(r["tokens"] for r in results) / sum(r["plain_s"] for r in results)
+    fast = sum(r["specdiff_tokens"] for r in results) / sum(r["specdiff_s"] for r in results)
+    identical = sum(r["identical"] for r in results)
+    print(f"\ntotal ({len(results)} prompts): plain {plain:.1f} tok/s | SpecDiff-2 {fast:.1f} tok/s | speed-up "
+          f"{fast / plain:.2f}x | identical to plain greedy: {identical} of {len(results)}" +
+          ("" if dtype == torch.float32 else " (bf16: see above)"))
+
+
+def _print_outlook(outlook: Outlook):
+    """What this machine's costs let drafting gain: where drafting cannot pay, the demo says so, and why."""
+    profile = outlook.profile
+    two = float(profile.verifier_seconds(torch.tensor([2.0]))[0]) / profile.plain_step
+    drafter_ms = 1000 * float(profile.drafter_seconds(torch.tensor([1.0]))[0])
+    drafter_even, lookup_even = outlook.break_even(), outlook.break_even(drafted=False)
+    print(f"this machine ({outlook.dtype_name}): a plain step {1000 * profile.plain_step:.1f} ms; verifying 1 drafted "
+          f"token with it costs {two:.2f}x a plain step, a drafter call {drafter_ms:.1f} ms more. So a drafter's "
+          "token pays " + (f"where it is accepted at least {drafter_even:.0%} of the time" if drafter_even else
+                           "not even where it is accepted 95% of the time") +
+          ", a prompt-lookup token " + (f"at {lookup_even:.0%}" if lookup_even else "not even at 95%") +
+          "; where neither does, SpecDiff takes plain steps (never much slower than plain). `hf-specdiff doctor` "
+          "says more.")
 
 
 def _compare(model, tokenizer, draft_model, prompt: str | list, options: dict, max_new_tokens: int,
@@ -107,6 +159,8 @@ def _compare(model, tokenizer, draft_model, prompt: str | list, options: dict, m
 
     result = {"prompt": prompt, "plain_tok_s": (plain.shape[1] - prompt_len) / plain_s,
               "specdiff_tok_s": (fast.shape[1] - prompt_len) / fast_s, "tau": stats.tau,
+              "tokens": plain.shape[1] - prompt_len, "plain_s": plain_s, "specdiff_tokens": fast.shape[1] - prompt_len,
+              "specdiff_s": fast_s,
               "identical": fast.tolist() == plain.tolist(), **options, "dtype": str(model.dtype)}
     result["speedup"] = result["specdiff_tok_s"] / result["plain_tok_s"]
     method = f"SpecDiff-2 (K={options['num_drafts']}" + (
