@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from hf_specdiff.bench import benchmark, markdown_table, read_spec_bench, save
+from hf_specdiff.doctor import DTYPES, choose_dtype
 from hf_specdiff.verifiers import load_verifier
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
@@ -24,12 +25,13 @@ def main():
     parser.add_argument("--prompts", default=str(SPEC_BENCH))
     parser.add_argument("--per-category", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="bf16", choices=["bf16", "fp32"])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"],
+                        help="auto: the faster on this machine's cost profile (`hf-specdiff doctor`)")
     parser.add_argument("--out", default="results")
     args = parser.parse_args()
 
     torch.set_num_threads(2)
-    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    dtype = DTYPES[choose_dtype(args.verifier, args.drafter) if args.dtype == "auto" else args.dtype]
     verifier, tokenizer = load_verifier(args.verifier, dtype=dtype)
     drafter = AutoModelForCausalLM.from_pretrained(args.drafter, dtype=dtype, trust_remote_code=True).eval()
     conditioned = getattr(drafter.config, "verifier_layer_ids", None) is not None

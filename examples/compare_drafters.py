@@ -7,7 +7,6 @@ one drafter of each kind): CANDIDATE at every path (drop-in, K=1, K=4, K=4 + loo
 """
 
 import argparse
-import json
 from pathlib import Path
 
 import torch

@@ -8,7 +8,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from .compat import check_compatibility
 from .configuration_specdiff import SpecDiffConfig
-from .decoding import DiffusionCandidateGenerator, SpecDiffStats, generate, specdiff_generate
+from .decoding import SpecDiffStats, generate, specdiff_generate
 from .generation_specdiff import SpecDiffCache
 from .hub import export_custom_generate
 from .modeling_specdiff import SpecDiffDrafter, SpecDiffModel
@@ -28,7 +28,6 @@ __all__ = [
     "SpecDiffModel",
     "SpecDiffCache",
     "SpecDiffStats",
-    "DiffusionCandidateGenerator",
     "check_compatibility",
     "export_custom_generate",
     "generate",

@@ -9,7 +9,7 @@ from transformers.generation.candidate_generator import DFlashTokenCandidateGene
 
 import hf_specdiff
 import hf_specdiff.generation_specdiff as generation
-from hf_specdiff.decoding import DiffusionCandidateGenerator
+from hf_specdiff.decoding import TreeDecoding
 from helpers import (DFLASH_PROMPTS, run_as_remote_code, sampled_sequences, sharp_verifier, tiny_dflash_drafter,
                      tiny_drafter, tiny_verifier, train_briefly, trained_dflash)
 from stats import SAMPLES, chi_square_pvalue, exact_first_two
@@ -56,13 +56,26 @@ def _record_drafts(monkeypatch, generator_class, drafts):
     monkeypatch.setattr(generator_class, "get_candidates", get_candidates)
 
 
+def _record_tree_drafts(monkeypatch, drafts):
+    """Record (sequence length, draft) of every round of our loop that drafted one draft."""
+    original = TreeDecoding.draft_tree
+
+    def draft_tree(self, input_ids, cache):
+        round_ = original(self, input_ids, cache)
+        if len(round_.drafts) == 1:
+            drafts.append((input_ids.shape[1], list(round_.drafts[0])))
+        return round_
+
+    monkeypatch.setattr(TreeDecoding, "draft_tree", draft_tree)
+
+
 def test_transformers_dflash_loop_drafts_what_our_loop_drafts(trained, monkeypatch):
     """Round by round, transformers' DFlash loop and our K=1 loop (drafting block_size - 1 tokens, as it does) propose
     the same tokens after the same sequence."""
     verifier, drafter = trained("qwen3")
     theirs, ours = [], []
     _record_drafts(monkeypatch, DFlashTokenCandidateGenerator, theirs)
-    _record_drafts(monkeypatch, DiffusionCandidateGenerator, ours)
+    _record_tree_drafts(monkeypatch, ours)
     for prompt in PROMPTS[2:5].split(1):
         kwargs = dict(max_new_tokens=60, do_sample=False, eos_token_id=None)
         verifier.generate(prompt, assistant_model=drafter, speculation_type="dflash", **kwargs)

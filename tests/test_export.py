@@ -8,10 +8,9 @@ import textwrap
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 
 from hf_specdiff.cli import main as cli
-from hf_specdiff.decoding import DiffusionCandidateGenerator
+from hf_specdiff.decoding import TreeDecoding
 from hf_specdiff.export import _RENAMES, export_drafter
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from helpers import DFLASH_PROMPTS, tiny_drafter, tiny_verifier, trained_dflash
@@ -54,22 +53,22 @@ def test_transformers_export_runs_without_hf_specdiff(trained, arch, tmp_path):
     card = (tmp_path / "out" / "README.md").read_text()
     assert "speculative-decoding" in card and "dflash" in card and "must be used with" in card
     ours = []
-    original = DiffusionCandidateGenerator.get_candidates
+    original = TreeDecoding.draft_tree
 
-    def record(self, input_ids, *args, **kwargs):
-        candidates, logits = original(self, input_ids, *args, **kwargs)
-        if candidates.shape[1] - input_ids.shape[1] == drafter.config.max_draft_tokens:
-            ours.append([input_ids.shape[1], candidates[0, input_ids.shape[1]:].tolist()])
-        return candidates, logits
+    def record(self, input_ids, cache):
+        round_ = original(self, input_ids, cache)
+        if len(round_.drafts) == 1 and len(round_.drafts[0]) == drafter.config.max_draft_tokens:
+            ours.append([input_ids.shape[1], list(round_.drafts[0])])
+        return round_
 
-    DiffusionCandidateGenerator.get_candidates = record
+    TreeDecoding.draft_tree = record
     try:
         from hf_specdiff import generate
         for prompt in PROMPTS[:3].split(1):
             generate(verifier, drafter, prompt, max_new_tokens=40, do_sample=False, eos_token_id=None,
                      draft_length=drafter.config.max_draft_tokens)
     finally:
-        DiffusionCandidateGenerator.get_candidates = original
+        TreeDecoding.draft_tree = original
     assert len(ours) >= 4
     script = textwrap.dedent(f"""
         import json, sys, torch

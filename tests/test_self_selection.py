@@ -26,6 +26,22 @@ def trained():
 GREEDY_CASES = [(arch, k, (1, 4, 16)[(i + j) % 3]) for i, arch in enumerate(VERIFIERS) for j, k in enumerate((1, 2, 8))]
 
 
+@pytest.mark.parametrize("arch", VERIFIERS)
+def test_one_draft_a_round_is_verified_under_the_models_own_causal_mask(trained, arch, monkeypatch):
+    """K = 1 without a lookup branch verifies a chain: no tree mask, so an attention implementation that takes no 4D
+    mask serves too (the check that guards the tree is not run)."""
+    verifier, drafter = trained(arch)
+    monkeypatch.setattr(decoding, "tree_attention_mask", lambda *a: pytest.fail("a tree mask for a chain"))
+    monkeypatch.setattr(decoding, "_check_tree_support", lambda *a: pytest.fail("tree support checked for K = 1"))
+    stats = hf_specdiff.SpecDiffStats()
+    for prompt in PROMPTS[:2].split(1):
+        plain = verifier.generate(prompt, max_new_tokens=40, do_sample=False, eos_token_id=None)
+        out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=40, do_sample=False, eos_token_id=None,
+                                   draft_length=4, stats=stats)
+        assert out.tolist() == plain.tolist()
+    assert stats.tau > 1.2, stats.as_dict()  # drafts were verified and accepted
+
+
 @pytest.mark.parametrize("arch,num_drafts,draft_length", GREEDY_CASES)
 def test_greedy_equals_plain(trained, arch, num_drafts, draft_length):
     verifier, drafter = trained(arch)

@@ -28,6 +28,7 @@ import logging
 import os
 import platform
 import time
+import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -390,7 +391,21 @@ def measure_costs(verifier, drafter=None, repeats: int = 3, lengths=PROFILE_LENG
                        machine=machine_description(device))
 
 
+_KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # verifier -> {what its key depends on: key}
+
+
 def _cost_key(verifier, drafter) -> str:
+    """The profile's name: a hash of the machine, both models' configs, dtypes and devices. Rounds ask for it at every
+    generation and hashing the configs takes tens of ms, so it is kept per verifier for what can change in place."""
+    state = (None if drafter is None else weakref.ref(drafter), verifier.dtype, verifier.device, torch.get_num_threads(),
+             None if drafter is None else (drafter.dtype, drafter.device))
+    keys = _KEYS.setdefault(verifier, {})
+    if state not in keys:
+        keys[state] = _hashed_cost_key(verifier, drafter)
+    return keys[state]
+
+
+def _hashed_cost_key(verifier, drafter) -> str:
     parts = [machine_description(verifier.device), verifier.config.to_json_string(use_diff=False), str(verifier.dtype),
              getattr(verifier.config, "_attn_implementation", None), PROFILE_LENGTHS, PROFILE_CONTEXT]
     if drafter is not None:
@@ -460,10 +475,14 @@ class RoundCosts:
         self.prior = prior
         self.seconds: dict[int, float] = {}
         self.rounds: dict[int, int] = {}
+        self._prior_seconds: dict[int, float] = {}  # the prior by length, read once (rounds ask every time)
+        self._excess = 0.0  # measured seconds minus the prior's, summed over the rounds measured
 
     def record(self, length: int, seconds: float):
         self.seconds[length] = self.seconds.get(length, 0.0) + seconds
         self.rounds[length] = self.rounds.get(length, 0) + 1
+        if self.prior is not None:
+            self._excess += seconds - float(self._prior_at(torch.tensor([length]))[0])
 
     def predict(self, lengths: torch.Tensor) -> torch.Tensor:
         """Relative cost of rounds of these lengths (any positive scale; seconds with a `prior`)."""
@@ -479,14 +498,18 @@ class RoundCosts:
     def _from_prior(self, lengths: torch.Tensor) -> torch.Tensor:
         """The prior's seconds plus what the loop adds to them: measured seconds minus the prior's, averaged over the
         rounds measured and `prior_rounds` rounds that add nothing."""
-        prior = self.prior(lengths).double()
+        prior = self._prior_at(lengths)
         if self.rounds:
-            measured = torch.tensor(list(self.rounds))
-            counts = torch.tensor([self.rounds[g] for g in self.rounds], dtype=torch.float64)
-            seconds = torch.tensor([self.seconds[g] for g in self.rounds], dtype=torch.float64)
-            excess = (seconds - counts * self.prior(measured).double()).sum() / (counts.sum() + self.prior_rounds)
+            excess = self._excess / (sum(self.rounds.values()) + self.prior_rounds)
             prior = (prior + excess).clamp_min(0.1 * prior)
         return prior.float()
+
+    def _prior_at(self, lengths: torch.Tensor) -> torch.Tensor:
+        keys = [int(g) for g in torch.as_tensor(lengths).tolist()]
+        missing = sorted(set(keys) - set(self._prior_seconds))
+        if missing:
+            self._prior_seconds.update(zip(missing, self.prior(torch.tensor(missing)).double().tolist()))
+        return torch.tensor([self._prior_seconds[g] for g in keys], dtype=torch.float64)
 
     def _line(self, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """(c0, c1) of the line through the mean seconds at `lengths`."""
@@ -540,9 +563,11 @@ class DraftLengthPolicy:
         self.skipped = 0
         self.probe_gap = self.probe_every
         self.skipping = False  # the last decision with allow_skip was 0, and nothing has drafted since
+        self.probing = False  # the last decision was a probe: its token is to be verified, whatever it costs
         self.since_plain = 0  # rounds that could have skipped and drafted, since the last plain step
 
     def next_length(self, allow_skip: bool = False) -> int:
+        self.probing = False
         if self.fixed is not None:
             return self.fixed
         if not (allow_skip and self.skipping):
@@ -557,6 +582,7 @@ class DraftLengthPolicy:
         if self.skipped < self.probe_gap:
             return 0
         self.skipped, self.probe_gap = 0, min(2 * self.probe_gap, self.max_probe_every)
+        self.probing = True
         return 1
 
     def _measure_plain_step(self) -> bool:

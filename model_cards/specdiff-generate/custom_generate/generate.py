@@ -4,11 +4,12 @@ Entry points (the same loop):
     model.generate(**inputs, custom_generate=specdiff_generate, drafter=drafter, num_drafts=8)
     generate(model, drafter, **inputs, num_drafts=8, lookup_tokens=10)
 
-K = 1 runs transformers' own assisted-decoding loop with `DiffusionCandidateGenerator` supplying the drafts.
-K > 1, or a prompt-lookup branch (`lookup_tokens` > 0), runs self-selection: one drafter forward gives per-position
-marginals q_1..q_g; K drafts are drawn from them and merged, with the lookup drafts, into a prefix tree; one verifier
-forward scores every tree node (4D tree attention mask, one position id per node); the verifier's cache is then
-compacted to the accepted path.
+Every call runs one loop, `TreeDecoding`. With K > 1, or a prompt-lookup branch (`lookup_tokens` > 0), it runs
+self-selection: one drafter forward gives per-position marginals q_1..q_g; K drafts are drawn from them and merged,
+with the lookup drafts, into a prefix tree; one verifier forward scores every tree node (4D tree attention mask, one
+position id per node); the verifier's cache is then compacted to the accepted path. With K = 1 and no lookup branch
+the tree is one draft, drafted in the drafter's own denoising steps: a chain, verified as plain decoding verifies
+tokens (the model's own causal mask, so any attention implementation serves), as is a round that drafts nothing.
 
 Why the output is exactly the verifier's:
 - Greedy: the walk from the root follows the child equal to the verifier's argmax, and stops with the argmax as
@@ -41,7 +42,6 @@ from dataclasses import dataclass, field
 import torch
 
 from transformers import GenerationMixin
-from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import (
     EosTokenCriteria,
     MaxLengthCriteria,
@@ -118,63 +118,6 @@ class SpecDiffStats:
                 "drafter_forwards": self.drafter_forwards, "acceptance_by_position": self.acceptance_by_position}
 
 
-class DiffusionCandidateGenerator(CandidateGenerator):
-    """Drafts from a SpecDiff drafter for transformers' assisted-decoding loop (one linear draft per round).
-
-    For a conditioned drafter it sets `requires_model_outputs`: the loop then asks the verifier for the hidden states
-    the drafter reads (`model_kwargs_overrides`) and hands them over with the next `get_candidates` call. The first
-    round drafts nothing, so that the verifier reads the prompt first.
-    """
-
-    def __init__(self, drafter, generation_config, logits_processor, draft_length: int | None = None,
-                 stats: SpecDiffStats | None = None, cost_profile=None):
-        self.drafter = drafter
-        self.cache = drafter.new_cache()
-        self.requires_model_outputs = drafter.config.is_conditioned
-        if self.requires_model_outputs:
-            self.model_kwargs_overrides = {"output_hidden_states": drafter.verifier_hidden_states}
-        self._verified: torch.Tensor | None = None  # the sequence the verifier's last forward read the end of
-        self.logits_processor = list(logits_processor or [])
-        self.do_sample = bool(generation_config.do_sample)
-        self.max_length = generation_config.max_length
-        # acceptance measured in this generation; round costs from this machine's profile and this loop's rounds
-        self.policy = drafter.new_length_policy(fixed=draft_length, profile=cost_profile)
-        self.stats = stats if stats is not None else SpecDiffStats()
-        self._last_draft_len = 0
-        self._round_started: float | None = None  # None until the verifier has read the prompt (untimed round)
-
-    @property
-    def num_drafting_tokens(self) -> int:
-        """The most tokens a round drafts (transformers 5.25's loop keeps that many recurrent states to roll back)."""
-        return self.drafter.config.max_draft_tokens
-
-    def get_candidates(self, input_ids: torch.LongTensor, model_outputs=None, is_first_iteration: bool = False,
-                       **kwargs):
-        self._round_started = device_clock(input_ids.device) if self.stats.rounds else None
-        num_tokens = min(self.policy.next_length(allow_skip=True), self.max_length - input_ids.shape[1] - 1)
-        if self.requires_model_outputs:
-            if model_outputs is not None and self._verified is not None:
-                features = self.drafter.select_features(model_outputs.hidden_states)[0]
-                start = self._verified.shape[1] - features.shape[0]
-                self.cache.verifier_features.record(start, self._verified[0, start:], features)
-            if is_first_iteration:
-                num_tokens = 0
-        self._last_draft_len = max(num_tokens, 0)
-        if num_tokens <= 0:
-            self._verified = input_ids
-            return input_ids, None
-        ids = input_ids.to(self.drafter.device)
-        draft, scores = self.drafter.draft(ids, self.cache, num_tokens, self.logits_processor, self.do_sample)
-        self.stats.drafter_forwards += min(num_tokens, self.drafter.config.num_denoising_steps)
-        self._verified = torch.cat([input_ids, draft.to(input_ids.device)], dim=1)
-        return self._verified, scores[None].to(input_ids.device)
-
-    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int):
-        self.stats.record_round(self._last_draft_len, int(num_matches))
-        seconds = None if self._round_started is None else device_clock(input_ids.device) - self._round_started
-        self.policy.update(self._last_draft_len, int(num_matches), seconds)
-
-
 # ----------------------------------------------------------------------------------------------------------------
 # The draft tree
 
@@ -225,6 +168,11 @@ class DraftTree:
 
     def __len__(self) -> int:
         return len(self.parents)
+
+    @property
+    def is_chain(self) -> bool:
+        """One draft (or none): each node's parent is the node before it, so the tree's mask is the causal one."""
+        return self.parents == list(range(-1, len(self.parents) - 1))
 
     def path(self, node: int) -> list[int]:
         """Nodes from the root's child down to `node`."""
@@ -578,7 +526,8 @@ class TreeDecoding:
     def __init__(self, verifier, drafter, generation_config, logits_processor, stopping_criteria, *, num_drafts: int,
                  draft_length: int | None, lookup_tokens: int, num_lookup_drafts: int, max_tree_nodes: int | None,
                  streamer, stats, cost_profile=None):
-        _check_tree_support(verifier)
+        if num_drafts > 1 or lookup_tokens:
+            _check_tree_support(verifier)
         self.verifier, self.drafter = verifier, drafter
         self.generation_config = generation_config
         self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
@@ -629,31 +578,38 @@ class TreeDecoding:
         past = cache.get_seq_length()
         room = self.generation_config.max_length - input_ids.shape[1] - 1
         num_tokens = min(self.length_policy.next_length(allow_skip=True), room)  # 0: the drafter does not pay
-        if self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
+        if num_tokens and self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
             num_tokens = 0  # the verifier reads the prompt first
         lookups = prompt_lookup(self.host_ids, min(self.lookup_tokens, room), self.num_lookup_drafts) \
             if self.lookup_tokens and room > 0 else []
+        kept = lookups
         if self.do_sample:
             num_tokens, kept = self._plan_sampling(num_tokens, lookups)
         drafts, draft_scores = [], None
         if num_tokens > 0:
-            _, draft_scores = self.drafter.draft(input_ids.to(self.drafter.device), self.drafter_cache, num_tokens,
-                                                 self.logits_processor, num_steps=1)
-            self.stats.drafter_forwards += 1
+            single = self.num_drafts == 1  # one draft, in the drafter's own steps; K drafts from one forward's marginals
+            draft, draft_scores = self.drafter.draft(input_ids.to(self.drafter.device), self.drafter_cache,
+                                                     num_tokens, self.logits_processor,
+                                                     do_sample=self.do_sample and single, num_steps=None if single else 1)
+            self.stats.drafter_forwards += min(num_tokens, self.drafter.config.num_denoising_steps) if single else 1
             draft_scores = draft_scores.to(input_ids.device)
             if self.do_sample:
-                drafts = sample_drafts(draft_scores, self.num_drafts)
-        if not self.do_sample:  # a node costs verifier compute: keep the nodes most likely to be accepted
+                drafts = draft.cpu() if single else sample_drafts(draft_scores, self.num_drafts)
+        if not self.do_sample and (lookups or draft_scores is not None):  # keep the nodes likeliest accepted
             kept, drafts = self._prune(lookups, draft_scores)
+            if self.length_policy.probing and draft_scores is not None and not any(drafts):
+                drafts = [[int(draft_scores[0].argmax())]]  # a probe's token is verified: it measures acceptance
         tree = DraftTree.from_drafts(drafts, fixed=kept)
         return TreeRound(input_ids[:, past:], past, lookups, drafts, draft_scores, tree,
                          host_to_device(tree.tokens, input_ids.device), started)
 
     def _tree_budget(self):
         """(round costs, node cap): a tree sized by measured cost up to `DEFAULT_MAX_TREE_NODES`, or (None,
-        max_tree_nodes) when the caller fixed the size."""
+        max_tree_nodes) when the caller fixed the size; a single draft of fixed length is verified whole."""
         if self.max_tree_nodes:
             return None, self.max_tree_nodes
+        if self.num_drafts == 1 and not self.lookup_tokens and self.length_policy.fixed is not None:
+            return None, self.length_policy.fixed
         return self.round_costs, DEFAULT_MAX_TREE_NODES
 
     def _plan_sampling(self, num_tokens: int, lookups: list[list[int]]) -> tuple[int, list[list[int]]]:
@@ -684,20 +640,20 @@ class TreeDecoding:
         return rows, path_scores
 
     def verify(self, round_: TreeRound, cache):
-        """One verifier forward over the committed tokens and every tree node (tree attention, a position per node)."""
+        """One verifier forward over the committed tokens and every tree node (tree attention, a position per node;
+        a chain as plain decoding verifies tokens, under the model's own causal mask)."""
         committed, tree = round_.committed, round_.tree
+        kwargs = dict(use_cache=True, logits_to_keep=1 + len(tree))
+        if self.conditioned:
+            kwargs["output_hidden_states"] = self.drafter.verifier_hidden_states
+        input_ids = torch.cat([committed, round_.tokens[None]], dim=1)
+        if tree.is_chain:
+            return self.verifier(input_ids=input_ids, **{CACHE_KWARG: cache}, **kwargs)
         positions = host_to_device(tree_positions(round_.past, committed.shape[1], tree), committed.device)
+        mask = tree_attention_mask(self.verifier, cache, committed.shape[1], tree, self.verifier.dtype, positions)
         with grouped_heads_in_sdpa(self.verifier), tree_attention_kernels(self.verifier):
-            return self.verifier(
-                input_ids=torch.cat([committed, round_.tokens[None]], dim=1),
-                position_ids=positions[None],
-                attention_mask=tree_attention_mask(self.verifier, cache, committed.shape[1], tree, self.verifier.dtype,
-                                                   positions),
-                **{CACHE_KWARG: cache},
-                use_cache=True,
-                logits_to_keep=1 + len(tree),
-                **({"output_hidden_states": self.drafter.verifier_hidden_states} if self.conditioned else {}),
-            )
+            return self.verifier(input_ids=input_ids, position_ids=positions[None], attention_mask=mask,
+                                 **{CACHE_KWARG: cache}, **kwargs)
 
     def target_scores(self, input_ids: torch.LongTensor, logits: torch.Tensor, round_: TreeRound):
         """The verifier's processed logits: row 0 at the last committed token, row 1 + n at node n, each processed
@@ -766,53 +722,6 @@ class TreeDecoding:
         return input_ids, stop is not None
 
 
-# The K = 1 path runs transformers' private assisted-decoding loop (`GenerationMixin._assisted_decoding`, which asks
-# `self._get_candidate_generator` for its drafts). `assisted_loop` is the one place that touches it, written against
-# these versions (generation/utils.py of 5.23 to 5.25; pyproject pins the same range).
-ASSISTED_LOOP_VERSIONS = ("5.23.", "5.24.", "5.25.")
-
-
-def assisted_loop(verifier, candidate_generator, input_ids, **kwargs):
-    """transformers' own assisted-decoding loop over `candidate_generator`'s drafts, for this call only."""
-    import transformers
-
-    if not transformers.__version__.startswith(ASSISTED_LOOP_VERSIONS):
-        raise RuntimeError(
-            f"The K = 1 path runs transformers' private assisted-decoding loop, written for transformers "
-            f"{' or '.join(v + 'x' for v in ASSISTED_LOOP_VERSIONS)}; this is {transformers.__version__}. Install "
-            "transformers>=5.23,<5.26, or use num_drafts > 1 or lookup_tokens > 0 (the tree loop is our own)."
-        )
-    verifier.__dict__["_get_candidate_generator"] = lambda *args, **kw: candidate_generator
-    try:
-        return GenerationMixin._assisted_decoding(verifier, input_ids, synced_gpus=False, **kwargs)
-    finally:
-        verifier.__dict__.pop("_get_candidate_generator", None)
-
-
-def _linear_decoding(verifier, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
-                     draft_length, streamer, stats, cost_profile, model_kwargs):
-    """K = 1: transformers' own `_assisted_decoding`, fed by `DiffusionCandidateGenerator`."""
-    generator = DiffusionCandidateGenerator(drafter, generation_config, logits_processor, draft_length, stats,
-                                            cost_profile)
-    result = assisted_loop(verifier, generator, input_ids, logits_processor=logits_processor,
-                           stopping_criteria=stopping_criteria, generation_config=generation_config,
-                           streamer=streamer, **model_kwargs)
-    # The loop checks stop criteria once per round; cut where plain decoding would have stopped.
-    as_dict = generation_config.return_dict_in_generate
-    sequences = result.sequences if as_dict else result
-    stop = _stop_index(sequences, input_ids.shape[1], stopping_criteria)
-    if stop is not None and stop < sequences.shape[1]:
-        sequences = sequences[:, :stop]
-        if as_dict:
-            result.sequences = sequences
-            if result.scores is not None:
-                result.scores = result.scores[: stop - input_ids.shape[1]]
-        else:
-            result = sequences
-    stats.new_tokens += sequences.shape[1] - input_ids.shape[1]
-    return result
-
-
 def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
                       drafter=None, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,
                       num_lookup_drafts: int = DEFAULT_NUM_LOOKUP_DRAFTS, max_tree_nodes: int | None = None,
@@ -822,7 +731,8 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
 
     Args:
         drafter: a SpecDiff drafter for this verifier.
-        num_drafts: K, the drafts verified together as a prefix tree (1: a single draft, transformers' own loop).
+        num_drafts: K, the drafts verified together as a prefix tree (1: a single draft in the drafter's own
+            denoising steps, verified as a chain).
         draft_length: a fixed draft length (<= block size); `None` adapts it to measured acceptance.
         lookup_tokens: if > 0, each round's tree also holds prompt-lookup drafts of up to this many tokens (what
             followed earlier matches of the context's last 1-3 tokens); runs the tree loop.
@@ -865,16 +775,12 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
                          f"got {draft_length}")
     drafter.set_verifier(model)  # checks the pair; a dflash-layout drafter drafts with the verifier's weights
     stats = specdiff_stats if specdiff_stats is not None else SpecDiffStats()
-    linear = num_drafts == 1 and not lookup_tokens
-    if not linear:
+    if num_drafts > 1 or lookup_tokens:
         _check_tree_support(model)  # before the profile's forwards, which would fail less clearly
     if cost_profile is None:
         cost_profile = drafter.cost_profile(model)
     if token_streamer is not None:  # as in transformers' generate: the prompt first (TextStreamer's skip_prompt)
         token_streamer.put(input_ids.cpu())
-    if linear:
-        return _linear_decoding(model, input_ids, logits_processor, stopping_criteria, generation_config, drafter,
-                                draft_length, token_streamer, stats, cost_profile, model_kwargs)
     tree_decoding = TreeDecoding(model, drafter, generation_config, logits_processor, stopping_criteria,
                                  num_drafts=num_drafts, draft_length=draft_length, lookup_tokens=lookup_tokens,
                                  num_lookup_drafts=num_lookup_drafts, max_tree_nodes=max_tree_nodes,
@@ -911,4 +817,4 @@ def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int 
                                     **kwargs)
 
 
-__all__ = ["SpecDiffStats", "DiffusionCandidateGenerator", "DraftTree", "specdiff_generate", "generate"]
+__all__ = ["SpecDiffStats", "DraftTree", "specdiff_generate", "generate"]
