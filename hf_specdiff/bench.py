@@ -166,6 +166,9 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     records, done = _resume(records_file, settings)
     drafters = [m for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter, dflash_drafter) if m is not None]
     with torch_threads(threads):
+        for model in drafters:  # this machine's cost profile, measured once (cached), not in a timed call
+            if hasattr(model, "cost_profile"):
+                model.cost_profile(verifier)
         timers = {}
         for model in (verifier, *drafters):  # one timer per model, however many methods share it
             if id(model) not in timers:

@@ -5,12 +5,15 @@ import json
 import pytest
 import torch
 
+import hf_specdiff.generation_specdiff as generation_specdiff
 from hf_specdiff.bench import bench_methods, benchmark, by_kind, read_spec_bench, save
 from helpers import tiny_dflash_drafter, greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 
 @pytest.mark.slow
-def test_bench_runs_every_method_and_writes_results(tmp_path):
+def test_bench_runs_every_method_and_writes_results(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_SPECDIFF_COSTS", str(tmp_path / "costs"))  # no cost profile yet
+    monkeypatch.setattr(generation_specdiff, "_PROFILES", {})
     questions = tmp_path / "question.jsonl"
     with questions.open("w") as f:
         for i, category in enumerate(["qa", "qa", "qa", "math", "math"]):
@@ -38,6 +41,8 @@ def test_bench_runs_every_method_and_writes_results(tmp_path):
         assert overall[method]["exact_match"] == 1.0  # fp32: every method reproduces plain greedy
         assert overall[method]["prompts"] == 4 and overall[method]["tok_s"] > 0
     assert overall["plain"]["tau"] == 1.0 and overall["plain"]["speedup"] == 1.0
+    # the machine's cost profile was measured before timing: no method's record holds its forwards
+    assert all(r["forwards"] <= r["tokens"] for r in summary["records"]) and list((tmp_path / "costs").iterdir())
     assert overall["SpecDiff-2 (K=1)"]["acceptance_by_position"]
     for method in methods[2:]:  # each drafter's cost was timed beside the verifier's
         assert 0 < overall[method]["drafter_ms_per_forward"] and 0 < overall[method]["drafter_cost"]
