@@ -8,7 +8,7 @@ import torch
 from .compat import check_compatibility
 from .decoding import SpecDiffStats, generate
 from .doctor import DTYPES, Outlook, choose_dtype
-from .generation_specdiff import cost_profile, device_clock
+from .generation_specdiff import device_clock
 from .modeling_specdiff import SpecDiffDrafter
 from .shipped import shipped_drafter_path
 from .threads import torch_threads
@@ -105,7 +105,7 @@ def run_demo(prompts: str | list[str] | None = None, verifier: str = DEFAULT_VER
                                                                         lookup_tokens=lookup_tokens),
                             max_new_tokens, colour) for prompt in prompts]
         _print_total(results, model.dtype)
-        _print_outlook(Outlook(str(model.dtype).removeprefix("torch."), cost_profile(model, draft_model),
+        _print_outlook(Outlook(str(model.dtype).removeprefix("torch."), draft_model.cost_profile(model),
                                draft_model.config.max_draft_tokens))
         return results
 

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .generation_specdiff import AcceptanceRates, CostProfile, cost_profile, machine_description
+from .generation_specdiff import AcceptanceRates, CostProfile, machine_description
 from .threads import torch_threads
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -58,7 +58,7 @@ def measure_outlooks(verifier: str, drafter: str | None, dtype_names=tuple(DTYPE
     with torch_threads(threads):
         for name in dtype_names:
             model, _, draft_model = load_demo_models(verifier, drafter, DTYPES[name], device=device)
-            outlooks.append(Outlook(name, cost_profile(model, draft_model), draft_model.config.max_draft_tokens))
+            outlooks.append(Outlook(name, draft_model.cost_profile(model), draft_model.config.max_draft_tokens))
             del model, draft_model
     return outlooks
 

@@ -547,8 +547,11 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
 
     def cost_profile(self, verifier=None, measure: bool = True) -> CostProfile | None:
         """This machine's `CostProfile` for this drafter beside `verifier` (default: the one `set_verifier` or
-        `attach` paired it with; None if there is none), measured on first use and cached per machine and models."""
-        verifier = verifier if verifier is not None else (self._verifier() if self._verifier is not None else None)
+        `attach` paired it with; None if there is none), measured on first use and cached per machine and models. A
+        `verifier` given here is paired with the drafter (`set_verifier`): measuring runs the drafter beside it."""
+        if verifier is not None and (self._verifier is None or self._verifier() is not verifier):
+            self.set_verifier(verifier)
+        verifier = self._verifier() if self._verifier is not None else None
         return None if verifier is None else cost_profile(verifier, self, measure=measure)
 
     def new_length_policy(self, max_length: int | None = None, fixed: int | None = None,

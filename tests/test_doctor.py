@@ -83,3 +83,12 @@ def test_demo_picks_a_dtype_runs_its_default_prompts_and_says_what_the_machine_a
     assert len(results) == len(DEMO_PROMPTS) == out.count("\n> ")
     assert "--dtype auto: " in out and f"total ({len(DEMO_PROMPTS)} prompts)" in out
     assert "this machine (" in out and "a prompt-lookup token" in out
+
+
+def test_a_drafter_that_drafts_with_the_verifiers_weights_is_paired_before_its_profile_is_measured():
+    from helpers import tiny_dflash_drafter
+
+    verifier = tiny_verifier("qwen3")
+    drafter = tiny_dflash_drafter(verifier)  # not paired: it cannot draft without the verifier's embeddings and head
+    profile = drafter.cost_profile(verifier)
+    assert sorted(profile.drafter) == sorted({1, drafter.config.max_draft_tokens}) and drafter.cost_profile() == profile
