@@ -539,8 +539,11 @@ class TreeDecoding:
         self.cost_profile = cost_profile
         self.length_policy = drafter.new_length_policy(fixed=draft_length, profile=cost_profile)
         self.round_costs = drafter.new_round_costs(cost_profile)  # of greedy rounds by nodes verified, for tree_budget
-        # by depth, for the latest match's draft, the one before it, ...
-        self.lookup_acceptance = [drafter.new_acceptance_rates(lookup_tokens) for _ in range(self.num_lookup_drafts)]
+        # by depth, for the latest match's draft, the one before it, ...: an untried one at 0.5 / (rank + 1), as an
+        # older match is less likely to continue as the text does (at 0.5 each, 2-3 untried drafts of one summary's
+        # rounds summed to a tree that cost twice a plain step and brought half a token)
+        self.lookup_acceptance = [drafter.new_acceptance_rates(lookup_tokens, first_prior=0.5 / (rank + 1))
+                                  for rank in range(self.num_lookup_drafts)]
         self.drafter_cache = drafter.new_cache()
         self.output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
         self.scores: list[torch.Tensor] = []
@@ -674,15 +677,27 @@ class TreeDecoding:
         tree = round_.tree
         self.stats.record_round(tree.max_depth, len(path))
         if round_.draft_scores is not None:  # the drafter's positions that were verified (pruning may cut the deepest)
+            num_drafted = max(map(len, round_.drafts), default=0)
             accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
-            self.length_policy.update(max(map(len, round_.drafts), default=0), accepted)
+            if num_drafted:
+                self.length_policy.update(num_drafted, accepted)
+            else:  # pruned away: the drafter's call did not pay
+                self.length_policy.decline()
         if round_.lookups:
             self.learn_lookup(round_.lookups, tree.tokens[path].tolist() + [next_token])
-        if round_.committed.shape[1] == 1:  # a round that read no prompt; the tree was sized after the drafter's call
-            seconds = device_clock(self.verifier.device) - round_.started
-            if round_.draft_scores is not None and self.cost_profile is not None:
-                seconds -= float(self.cost_profile.drafter_seconds(torch.tensor([round_.draft_scores.shape[0]]))[0])
-            self.round_costs.record(len(tree), seconds)
+        if round_.committed.shape[1] == 1:  # a round that read no prompt
+            self.learn_costs(round_, device_clock(self.verifier.device) - round_.started)
+
+    def learn_costs(self, round_: TreeRound, seconds: float):
+        """The round's seconds: by nodes verified for `tree_budget` (the drafter's call left out: a tree is sized after
+        it ran), and for the length policy where the round was its own (one draft, no lookup branch, not cut to
+        nothing), so that it learns what its drafting rounds and plain steps cost beyond the profile's forwards."""
+        drafted = round_.draft_scores is not None
+        if self.num_drafts == 1 and not round_.lookups and (len(round_.tree) or not drafted):
+            self.length_policy.costs.record(len(round_.tree), seconds)
+        if drafted and self.cost_profile is not None:
+            seconds -= float(self.cost_profile.drafter_seconds(torch.tensor([round_.draft_scores.shape[0]]))[0])
+        self.round_costs.record(len(round_.tree), seconds)
 
     def learn_lookup(self, lookups: list[list[int]], committed: list[int]):
         """Each lookup draft's acceptance by depth, from the verifier's greedy tokens this round, `committed`: as far

@@ -26,3 +26,12 @@ def _seed_and_threads():
 @pytest.fixture(autouse=True)
 def _modules_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_MODULES_CACHE", str(tmp_path / "modules"))
+
+
+@pytest.fixture(autouse=True)
+def _own_cost_profiles(monkeypatch):
+    """A profile one test sets for its pair (`set_cost_profile`) stays out of the next: tiny models built from the same
+    seed share a profile's key."""
+    import hf_specdiff.generation_specdiff as generation_specdiff
+
+    monkeypatch.setattr(generation_specdiff, "_PROFILES", {})

@@ -243,6 +243,50 @@ def test_k1_loop_skips_drafting_where_it_does_not_pay_and_probes_now_and_then(no
     assert 1 <= drafting_rounds <= 40 // DraftLengthPolicy.probe_every + 1, stats.as_dict()
 
 
+def test_a_draft_the_tree_budget_cuts_whole_counts_as_a_skip_and_the_probes_keep_their_gap():
+    policy = DraftLengthPolicy(8, costs=RoundCosts(prior=CostProfile({1: 1.0, 2: 1.01, 16: 1.1}).round_seconds))
+    assert policy.next_length(allow_skip=True) > 0  # untried, verification nearly free: it drafts
+    policy.decline()
+    every = DraftLengthPolicy.probe_every
+    assert [policy.next_length(allow_skip=True) for _ in range(every)] == [0] * (every - 1) + [1]
+    policy.update(1, 1)  # the probe, verified
+    assert policy.next_length(allow_skip=True) > 0
+    policy.decline()  # cut again: the gap the probe doubled stands
+    assert [policy.next_length(allow_skip=True) for _ in range(2 * every)] == [0] * (2 * every - 1) + [1]
+    policy.update(1, 1)
+    policy.next_length(allow_skip=True)
+    policy.update(3, 3)  # a drafting round verified: probes start again from the shortest gap
+    assert policy.probe_gap == every
+
+
+def test_k1_loop_calls_the_drafter_for_probes_only_while_the_tree_budget_cuts_its_drafts(no_wall_clock, monkeypatch):
+    import hf_specdiff
+    import hf_specdiff.decoding as decoding
+
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8)
+    calls, draft = [], drafter.draft
+    drafter.draft = lambda *args, **kwargs: calls.append(1) or draft(*args, **kwargs)
+    monkeypatch.setattr(decoding, "tree_budget", lambda *args: 0)  # no node is worth verifying
+    cheap = CostProfile({1: 1.0, 2: 1.01, 16: 1.1})  # while the length policy thinks drafting pays
+    out = hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=40, do_sample=False, eos_token_id=None,
+                               cost_profile=cheap)
+    assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=40, do_sample=False,
+                                             eos_token_id=None).tolist()
+    assert len(calls) <= 40 // DraftLengthPolicy.probe_every + 1  # not a wasted drafter call every round
+
+
+def test_round_costs_learn_what_drafting_rounds_and_plain_steps_add_apart():
+    costs = RoundCosts(prior=CostProfile({1: 1.0, 2: 1.5, 8: 2.0}).round_seconds)
+    for _ in range(12):
+        costs.record(0, 1.0)  # plain steps cost what the profile says
+    for _ in range(4):
+        costs.record(3, float(costs.prior(torch.tensor([3]))[0]) + 0.8)  # drafting rounds 0.8 s more
+    predicted = costs.predict(torch.tensor([0, 3]))
+    assert predicted[0] == pytest.approx(1.0)
+    assert predicted[1] == pytest.approx(float(costs.prior(torch.tensor([3]))[0]) + 0.4)  # 4 rounds against 4 prior
+
+
 @pytest.mark.parametrize("conditioned", [False, True])
 def test_drop_in_path_skips_drafting_where_it_does_not_pay_greedy_only(conditioned, no_wall_clock):
     """transformers' greedy loop takes an empty draft (a plain step), so the drop-in drafter drafts only every

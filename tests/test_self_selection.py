@@ -1,6 +1,7 @@
 """SpecDiff-2 self-selection: K drafts verified as one prefix tree, exact for greedy and sampling."""
 
 import copy
+import math
 import os
 
 import pytest
@@ -222,17 +223,25 @@ def test_target_scores_process_each_row_with_its_path_when_read():
 def test_tree_forwards_attend_over_grouped_heads_and_restore_the_setting(trained, monkeypatch):
     verifier, drafter = trained("llama")  # 4 query heads over 2 key/value heads
     monkeypatch.delenv("TRANSFORMERS_SDPA_FORCE_GQA", raising=False)
-    sdpa, key_heads = torch.nn.functional.scaled_dot_product_attention, []
+    sdpa, key_heads, verify = torch.nn.functional.scaled_dot_product_attention, [], decoding.TreeDecoding.verify
+    in_tree = [False]
 
     def recording_sdpa(query, key, *args, **kwargs):
-        key_heads.append((query.shape[2], key.shape[1], kwargs.get("enable_gqa", False)))
+        if in_tree[0]:
+            key_heads.append((key.shape[1], kwargs.get("enable_gqa", False)))
         return sdpa(query, key, *args, **kwargs)
 
+    def recording_verify(self, round_, cache):  # a tree's forward (a chain's runs as plain decoding does)
+        in_tree[0] = not round_.tree.is_chain
+        return verify(self, round_, cache)
+
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording_sdpa)
+    monkeypatch.setattr(decoding.TreeDecoding, "verify", recording_verify)
     prompt = PROMPTS[:1]
     out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=20, do_sample=False, eos_token_id=None,
                                num_drafts=4)
-    assert {(heads, gqa) for rows, heads, gqa in key_heads if rows > 1} == {(2, True)}  # no copied heads
+    assert set(key_heads) == {(2, True)}  # no copied heads
+    monkeypatch.setattr(decoding.TreeDecoding, "verify", verify)
     assert "TRANSFORMERS_SDPA_FORCE_GQA" not in os.environ
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
     assert out.tolist() == verifier.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None).tolist()
@@ -283,6 +292,19 @@ def test_a_lookup_branch_pruned_away_after_misses_comes_back_when_it_is_right(tr
                                num_drafts=1, lookup_tokens=10, stats=stats, cost_profile=profile)
     assert out[0].tolist() == plain
     assert stats.rounds <= 30, stats.as_dict()  # 60 plain steps if the branch never came back
+
+
+def test_an_older_matchs_lookup_draft_starts_less_likely_than_the_latest(trained):
+    verifier, drafter = trained("llama")
+    ids = torch.tensor([5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6])  # "5 6" followed by 7, 8, 9: three lookup drafts
+    tree_decoding = decoding.TreeDecoding(verifier, drafter, verifier.generation_config, [], [], num_drafts=1,
+                                          draft_length=None, lookup_tokens=2, num_lookup_drafts=3,
+                                          max_tree_nodes=None, streamer=None, stats=hf_specdiff.SpecDiffStats())
+    lookups = decoding.prompt_lookup(ids, 2, 3)
+    assert lookups == [[9, 5], [8, 5], [7, 5]]
+    _, path_scores = tree_decoding.candidates(lookups, None)
+    first = [round(math.exp(scores[0]), 3) for scores in path_scores]
+    assert first == [0.5, 0.25, round(0.5 / 3, 3)]
 
 
 @pytest.mark.parametrize("num_drafts", [1, 4])

@@ -465,7 +465,10 @@ class RoundCosts:
     assumes extra verified tokens are cheap, and lets the policy try longer drafts until measurements say otherwise.
 
     With a `prior` (seconds of rounds by length, from this machine's `CostProfile`), a round costs the prior plus
-    what the loop measurably adds to it: the policy knows from the first round what each length costs."""
+    what the loop measurably adds to it: the policy knows from the first round what each length costs. What it adds
+    is kept apart for plain steps (g = 0) and for rounds that draft: a drafting round pays more than its forwards
+    (the drafter's cache, the verifier's features, a longer cache to cut), and one mean for both made drafting look
+    cheaper than it is where most rounds are plain steps."""
 
     min_slope = 0.005  # a verified token is never taken as free: noise must not make the longest draft look best
     prior_rounds = 4  # the weight of `prior` against measured rounds, in rounds
@@ -476,13 +479,13 @@ class RoundCosts:
         self.seconds: dict[int, float] = {}
         self.rounds: dict[int, int] = {}
         self._prior_seconds: dict[int, float] = {}  # the prior by length, read once (rounds ask every time)
-        self._excess = 0.0  # measured seconds minus the prior's, summed over the rounds measured
+        self._excess = [0.0, 0.0]  # measured seconds minus the prior's, summed over plain steps and drafting rounds
 
     def record(self, length: int, seconds: float):
         self.seconds[length] = self.seconds.get(length, 0.0) + seconds
         self.rounds[length] = self.rounds.get(length, 0) + 1
         if self.prior is not None:
-            self._excess += seconds - float(self._prior_at(torch.tensor([length]))[0])
+            self._excess[length > 0] += seconds - float(self._prior_at(torch.tensor([length]))[0])
 
     def predict(self, lengths: torch.Tensor) -> torch.Tensor:
         """Relative cost of rounds of these lengths (any positive scale; seconds with a `prior`)."""
@@ -497,12 +500,13 @@ class RoundCosts:
 
     def _from_prior(self, lengths: torch.Tensor) -> torch.Tensor:
         """The prior's seconds plus what the loop adds to them: measured seconds minus the prior's, averaged over the
-        rounds measured and `prior_rounds` rounds that add nothing."""
+        rounds measured of the same kind (plain steps, drafting rounds) and `prior_rounds` rounds that add nothing."""
         prior = self._prior_at(lengths)
-        if self.rounds:
-            excess = self._excess / (sum(self.rounds.values()) + self.prior_rounds)
-            prior = (prior + excess).clamp_min(0.1 * prior)
-        return prior.float()
+        plain = self.rounds.get(0, 0)
+        drafted = sum(self.rounds.values()) - plain
+        excess = torch.where(torch.as_tensor(lengths) > 0, self._excess[1] / (drafted + self.prior_rounds),
+                             self._excess[0] / (plain + self.prior_rounds))
+        return (prior + excess).clamp_min(0.1 * prior).float()
 
     def _prior_at(self, lengths: torch.Tensor) -> torch.Tensor:
         keys = [int(g) for g in torch.as_tensor(lengths).tolist()]
@@ -539,10 +543,10 @@ class DraftLengthPolicy:
     A loop that can run a round without a draft (a plain step) asks `next_length(allow_skip=True)`: it may get 0,
     except for a probe round, which drafts 1 token so that acceptance keeps being measured. The first probe comes
     after `probe_every` skipped rounds; each probe after which drafting still does not pay doubles the gap, up to
-    `max_probe_every` (a probe costs more than it brings, or it would not be skipping); drafting brings the gap back
-    to `probe_every`. While it skips, the decision stands until a round drafts (a probe): a skipped round adds only
-    a plain step's time, which hardly moves it, and weighing every length costs about 0.3 ms, a few tenths of a
-    percent of a step.
+    `max_probe_every` (a probe costs more than it brings, or it would not be skipping); a drafting round brings the
+    gap back to `probe_every`. While it skips, the decision stands until a round drafts (a probe): a skipped round
+    adds only a plain step's time, which hardly moves it, and weighing every length costs about 0.3 ms, a few tenths
+    of a percent of a step. A loop that cut the whole draft it asked for says so (`decline`): that counts as a skip.
 
     Without a profile, while it drafts, such a loop takes a plain step now and then to measure what one costs (every
     `probe_every`-th round until `plain_samples` are measured, then every `plain_every`-th): without that, a plain
@@ -575,7 +579,7 @@ class DraftLengthPolicy:
             if best and allow_skip and self._measure_plain_step():
                 return 0
             if best:
-                self.skipped, self.probe_gap = 0, self.probe_every
+                self.skipped = 0
                 return best
             self.skipping = True
         self.skipped += 1
@@ -615,11 +619,19 @@ class DraftLengthPolicy:
         rates, are relative)."""
         return self.costs.prior is not None or any(length > 0 for length in self.costs.rounds)
 
+    def decline(self):
+        """The round verified none of the draft this policy asked for (a tree budget judged its tokens too unlikely to
+        pay for verifying them): skip until the next probe, as if `next_length` had said 0, the probes' gap kept.
+        Otherwise a drafter whose drafts were always cut paid its forward every round and learnt nothing."""
+        self.skipping, self.skipped = True, 0
+
     def update(self, num_drafted: int, num_accepted: int, seconds: float | None = None):
         """Record one round: how many tokens were drafted and accepted, and (if timed) the round's seconds."""
         if num_drafted:
             self.acceptance.update(num_drafted, num_accepted)
             self.skipping = False
+            if not self.probing:  # a drafting round: probes start again from the shortest gap
+                self.probe_gap = self.probe_every
         if seconds is not None:
             self.costs.record(num_drafted, seconds)
 
