@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM
 
-from hf_specdiff.bench import benchmark, markdown_table, read_spec_bench, save
-from hf_specdiff.doctor import DTYPES, choose_dtype
-from hf_specdiff.verifiers import load_verifier
+from hf_specdiff.tools.bench import benchmark, markdown_table, read_spec_bench, save
+from hf_specdiff.tools.doctor import DTYPES, choose_dtype
+from hf_specdiff.tools.verifiers import load_verifier
 
 SPEC_BENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "spec_bench" / "question.jsonl"
 

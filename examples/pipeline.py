@@ -8,7 +8,7 @@ import argparse
 import torch
 from transformers import AutoModelForCausalLM, pipeline
 
-from hf_specdiff.verifiers import load_verifier
+from hf_specdiff.tools.verifiers import load_verifier
 
 
 def main():

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_specdiff
-from hf_specdiff.verifiers import load_verifier
+from hf_specdiff.tools.verifiers import load_verifier
 
 
 def main():

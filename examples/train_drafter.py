@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from hf_specdiff.data import DistillDataConfig, make_distill_data, read_prompts
-from hf_specdiff.evaluate import evaluate_drafter, format_report
+from hf_specdiff.training.data import DistillDataConfig, make_distill_data, read_prompts
+from hf_specdiff.training.evaluate import evaluate_drafter, format_report
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
-from hf_specdiff.training import TrainConfig, train
-from hf_specdiff.verifiers import load_verifier
+from hf_specdiff.training.trainer import TrainConfig, train
+from hf_specdiff.tools.verifiers import load_verifier
 
 
 def main():

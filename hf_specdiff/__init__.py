@@ -10,9 +10,9 @@ from .compat import check_compatibility
 from .configuration_specdiff import SpecDiffConfig
 from .decoding import SpecDiffStats, generate, specdiff_generate
 from .generation_specdiff import SpecDiffCache
-from .hub import export_custom_generate
+from .tools.hub import export_custom_generate
 from .modeling_specdiff import SpecDiffDrafter, SpecDiffModel
-from .shipped import shipped_drafter_path
+from .tools.shipped import shipped_drafter_path
 
 __version__ = "0.1.0"
 

@@ -10,10 +10,10 @@ from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCaus
                           Qwen3Config, Qwen3ForCausalLM)
 
 from hf_specdiff import SpecDiffDrafter
-from hf_specdiff.block_diffusion import block_logits, make_block_diffusion_batch
+from hf_specdiff.training.block_diffusion import block_logits, make_block_diffusion_batch
 from hf_specdiff.compat import drafter_config_for
-from hf_specdiff.objectives import ce_streak_loss
-from hf_specdiff.training import verifier_features
+from hf_specdiff.training.objectives import ce_streak_loss
+from hf_specdiff.training.trainer import verifier_features
 
 SPECIAL = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 ARCHS = ("llama", "qwen2", "gpt2")

@@ -5,7 +5,7 @@ import torch
 from scipy.stats import chisquare
 from transformers import TopPLogitsWarper
 
-from hf_specdiff.batch_generation import generate_batch, sample_tokens
+from hf_specdiff.training.batch_generation import generate_batch, sample_tokens
 from helpers import sharp_verifier, tiny_verifier
 from stats import chi_square_pvalue
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import hf_specdiff.generation_specdiff as generation_specdiff
-from hf_specdiff.bench import bench_methods, benchmark, by_kind, read_spec_bench, save
+from hf_specdiff.tools.bench import bench_methods, benchmark, by_kind, read_spec_bench, save
 from helpers import tiny_dflash_drafter, greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 
@@ -102,7 +102,7 @@ def test_bench_runs_a_dflash_drafter_beside_a_conditioned_one_and_through_transf
 
 
 def test_bench_repeats_alternate_the_order_and_keep_each_methods_fastest_run(tmp_path, monkeypatch):
-    import hf_specdiff.bench as bench
+    import hf_specdiff.tools.bench as bench
 
     verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
     ran, real_run = [], bench._run_method
@@ -124,7 +124,7 @@ def test_bench_repeats_alternate_the_order_and_keep_each_methods_fastest_run(tmp
 
 
 def test_bench_samples_every_method_from_the_same_seed(tmp_path, monkeypatch):
-    import hf_specdiff.bench as bench
+    import hf_specdiff.tools.bench as bench
 
     verifier, tokenizer = tiny_verifier("llama"), tiny_tokenizer()
     drafter = tiny_drafter(verifier, block_size=8)
@@ -184,8 +184,8 @@ def test_the_recipe_names_only_methods_the_bench_has():
     from pathlib import Path
     from types import SimpleNamespace
 
-    examples = Path(__file__).resolve().parents[1] / "examples"
-    recipes = [path.read_text() for path in examples.glob("*.sh")]
+    recipes = [path.read_text() for path in (Path(__file__).resolve().parents[1] / "recipes").glob("*.sh")]
+    assert recipes
     asked = {method for recipe in recipes for method in re.findall(r'--method "([^"]+)"', recipe)}
     kind = lambda conditioned, layout="specdiff": SimpleNamespace(
         config=SimpleNamespace(is_conditioned=conditioned, layout=layout))

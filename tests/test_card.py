@@ -2,7 +2,7 @@
 
 import json
 
-from hf_specdiff.cli import main
+from hf_specdiff.tools.cli import main
 from helpers import tiny_dflash_drafter, tiny_drafter, tiny_verifier
 
 
@@ -44,7 +44,7 @@ def test_card_validate_and_push_dry_run(tmp_path, capsys):
 
 
 def test_validation_catches_a_broken_folder(tmp_path):
-    from hf_specdiff.hub import validate_model_folder
+    from hf_specdiff.tools.hub import validate_model_folder
 
     folder = tmp_path / "d"
     tiny_drafter(tiny_verifier("llama")).save_pretrained(folder)
@@ -58,7 +58,7 @@ def test_validation_catches_a_broken_folder(tmp_path):
 
 
 def test_card_of_a_conditioned_drafter_says_so_and_attaches(tmp_path):
-    from hf_specdiff.hub import render_card
+    from hf_specdiff.tools.hub import render_card
 
     folder = tmp_path / "specdiff-cond"
     tiny_drafter(tiny_verifier("llama"), conditioned=True).save_pretrained(folder)
@@ -71,7 +71,7 @@ def test_card_of_a_conditioned_drafter_says_so_and_attaches(tmp_path):
 
 
 def test_card_of_a_dflash_drafter_says_it_borrows_the_verifier_and_how_to_export_it(tmp_path):
-    from hf_specdiff.hub import render_card
+    from hf_specdiff.tools.hub import render_card
 
     folder = tmp_path / "specdiff-dflash"
     tiny_dflash_drafter(tiny_verifier("llama")).save_pretrained(folder)

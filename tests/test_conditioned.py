@@ -5,9 +5,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 import hf_specdiff
-from hf_specdiff.block_diffusion import block_logits, make_block_diffusion_batch
+from hf_specdiff.training.block_diffusion import block_logits, make_block_diffusion_batch
 from hf_specdiff.generation_specdiff import VerifierFeatures, VerifierHooks
-from hf_specdiff.training import verifier_features
+from hf_specdiff.training.trainer import verifier_features
 from helpers import (greedy_sequences, sampled_sequences, sharp_verifier, tiny_drafter, tiny_gemma3, tiny_verifier,
                      train_briefly)
 from stats import SAMPLES, chi_square_pvalue, exact_first_two

@@ -4,9 +4,9 @@ import io
 
 import torch
 
-from hf_specdiff.bench import benchmark
-from hf_specdiff.demo import DraftMarkingStreamer, run_demo
-from hf_specdiff.evaluate import evaluate_drafter
+from hf_specdiff.tools.bench import benchmark
+from hf_specdiff.tools.demo import DraftMarkingStreamer, run_demo
+from hf_specdiff.training.evaluate import evaluate_drafter
 from helpers import greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 PROMPTS = torch.randint(4, 96, (16, 5), generator=torch.Generator().manual_seed(6))

@@ -97,7 +97,7 @@ def test_save_reload_stores_no_embeddings_or_head(trained, tmp_path):
         loaded(PROMPTS[:1, :3], verifier_features=torch.zeros(1, 0, len(drafter.config.target_layer_ids) * 64))
     loaded.set_verifier(verifier)
     cache_a, cache_b = drafter.new_cache(), loaded.new_cache()
-    features = hf_specdiff.training.verifier_features(verifier, drafter, PROMPTS[:1], torch.ones(1, 6, dtype=bool))
+    features = hf_specdiff.training.trainer.verifier_features(verifier, drafter, PROMPTS[:1], torch.ones(1, 6, dtype=bool))
     for cache in (cache_a, cache_b):
         cache.verifier_features.record(0, PROMPTS[0], features[0])
     _, scores_a = drafter.draft(PROMPTS[:1], cache_a, 7)

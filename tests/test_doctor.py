@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import hf_specdiff.generation_specdiff as generation_specdiff
-from hf_specdiff.doctor import Outlook, fastest, report
+from hf_specdiff.tools.doctor import Outlook, fastest, report
 from hf_specdiff.generation_specdiff import PROFILE_LENGTHS, CostProfile, cost_profile
 from helpers import tiny_drafter, tiny_tokenizer, tiny_verifier
 
@@ -63,7 +63,7 @@ def test_outlook_says_where_drafting_pays():
 
 
 def test_doctor_command_prints_the_profile_of_both_dtypes(saved_models, capsys):
-    from hf_specdiff.cli import main
+    from hf_specdiff.tools.cli import main
 
     assert main(["doctor", "--verifier", str(saved_models / "verifier"), "--drafter", str(saved_models / "drafter"),
                  "--threads", "1"]) == 0
@@ -75,7 +75,7 @@ def test_doctor_command_prints_the_profile_of_both_dtypes(saved_models, capsys):
 
 
 def test_demo_picks_a_dtype_runs_its_default_prompts_and_says_what_the_machine_allows(saved_models, capsys):
-    from hf_specdiff.demo import DEMO_PROMPTS, run_demo
+    from hf_specdiff.tools.demo import DEMO_PROMPTS, run_demo
 
     results = run_demo(verifier=str(saved_models / "verifier"), drafter=str(saved_models / "drafter"),
                        max_new_tokens=6, threads=1, colour=False)
@@ -92,3 +92,22 @@ def test_a_drafter_that_drafts_with_the_verifiers_weights_is_paired_before_its_p
     drafter = tiny_dflash_drafter(verifier)  # not paired: it cannot draft without the verifier's embeddings and head
     profile = drafter.cost_profile(verifier)
     assert sorted(profile.drafter) == sorted({1, drafter.config.max_draft_tokens}) and drafter.cost_profile() == profile
+
+
+def test_auto_dtype_loads_each_dtype_once_and_keeps_the_fastest(tmp_path, monkeypatch, capsys):
+    import hf_specdiff.tools.doctor as doctor
+    from hf_specdiff import SpecDiffDrafter
+    from hf_specdiff.tools.doctor import load_fastest
+
+    verifier = tiny_verifier("llama")
+    verifier.save_pretrained(tmp_path / "verifier")
+    tiny_tokenizer().save_pretrained(tmp_path / "verifier")
+    tiny_drafter(verifier, block_size=8).save_pretrained(tmp_path / "drafter")
+    loads, load_pair = [], doctor.load_pair
+    monkeypatch.setattr(doctor, "load_pair", lambda *args, **kwargs: loads.append(args[2]) or load_pair(*args, **kwargs))
+    profiles = {torch.bfloat16: DEAR_TOKENS, torch.float32: CHEAP_TOKENS}  # drafting pays in fp32 only
+    monkeypatch.setattr(SpecDiffDrafter, "cost_profile", lambda drafter, model: profiles[model.dtype])
+    model, tokenizer, drafter = load_fastest(str(tmp_path / "verifier"), str(tmp_path / "drafter"), threads=1)
+    assert loads == [torch.bfloat16, torch.float32]
+    assert model.dtype == drafter.dtype == torch.float32 and tokenizer is not None
+    assert "--dtype auto: fp32" in capsys.readouterr().out

@@ -36,7 +36,7 @@ def test_vocab_mismatch_is_caught_on_every_entry_point():
 def test_cli_prints_its_own_errors_as_one_line_and_others_whole(monkeypatch, capsys):
     import json
 
-    from hf_specdiff import cli
+    from hf_specdiff.tools import cli
 
     assert cli.main(["demo", "--drafter", "/nonexistent/drafter"]) == 2
     assert "hf-specdiff demo: error: no drafter folder at /nonexistent/drafter" in capsys.readouterr().err
@@ -147,7 +147,7 @@ def test_broken_drafter_folders_say_what_is_wrong(tmp_path):
 
 
 def test_commands_fail_on_bad_files_before_loading_models(tmp_path, capsys):
-    from hf_specdiff.cli import main
+    from hf_specdiff.tools.cli import main
 
     # a verifier path that does not exist: had the command loaded it first, it would fail on that instead
     assert main(["bench", "--prompts", str(tmp_path / "missing.jsonl"), "--verifier", str(tmp_path / "nothing")]) == 2
@@ -169,7 +169,7 @@ def test_commands_fail_on_bad_files_before_loading_models(tmp_path, capsys):
 def test_cli_folder_arguments_fail_in_one_line_naming_the_fix_before_loading(tmp_path, monkeypatch, capsys):
     from transformers import AutoModelForCausalLM
 
-    from hf_specdiff import cli, verifiers
+    from hf_specdiff.tools import cli, verifiers
 
     def load(*args, **kwargs):
         raise AssertionError("a model loaded before the command checked its folders")

@@ -1,4 +1,5 @@
-"""Each example runs end to end on tiny models (the same scripts run on SmolLM2 with default arguments)."""
+"""Each example and experiment script runs end to end on tiny models (the same scripts run on SmolLM2 with default
+arguments)."""
 
 import contextlib
 import io
@@ -37,9 +38,9 @@ def models(tmp_path_factory):
 
 
 def run(script: str, *args: str) -> str:
-    """Run `python examples/<script> <args>` in this process (sparing a second interpreter's ~8 s of imports) and
+    """Run `python <script> <args>` (a path from the repository's root) in this process (sparing a second interpreter's ~8 s of imports) and
     return what it printed. The script sees its own argv, its folder on the path and `__name__ == "__main__"`."""
-    path = REPO / "examples" / script
+    path = REPO / script
     saved = sys.argv, list(sys.path), torch.get_num_threads()
     sys.argv, sys.path[:0] = [str(path), *args], [str(path.parent)]
     out = io.StringIO()
@@ -56,26 +57,26 @@ def run(script: str, *args: str) -> str:
 
 @pytest.mark.parametrize("kind", ["drafter", "conditioned"])
 def test_quickstart(models, kind):
-    out = run("quickstart.py", "--verifier", str(models / "verifier"), "--drafter", str(models / kind),
+    out = run("examples/quickstart.py", "--verifier", str(models / "verifier"), "--drafter", str(models / kind),
               "--prompt", "t5 t9 t14", "--max-new-tokens", "20")
     assert "identical to plain greedy: True" in out
 
 
 @pytest.mark.parametrize("kind", ["drafter", "conditioned"])
 def test_pipeline(models, kind):
-    out = run("pipeline.py", "--verifier", str(models / "verifier"), "--drafter", str(models / kind),
+    out = run("examples/pipeline.py", "--verifier", str(models / "verifier"), "--drafter", str(models / kind),
               "--prompt", "t5 t9 t14", "--max-new-tokens", "20")
     assert "identical to the plain pipeline: True" in out
 
 
 def test_self_selection(models):
-    out = run("self_selection.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+    out = run("examples/self_selection.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
               "--prompt", "t5 t9 t14", "--max-new-tokens", "20")
     assert "all entry points identical to plain greedy: True" in out
 
 
 def test_train_drafter(models, tmp_path):
-    out = run("train_drafter.py", "--verifier", str(models / "verifier"), "--prompts", str(models / "prompts.jsonl"),
+    out = run("examples/train_drafter.py", "--verifier", str(models / "verifier"), "--prompts", str(models / "prompts.jsonl"),
               "--out", str(tmp_path / "run"), "--steps", "10", "--max-new-tokens", "16", "--hidden-size", "32",
               "--draft-vocab-size", "32")
     assert "| position | acceptance |" in out and (tmp_path / "run" / "drafter" / "model.safetensors").exists()
@@ -83,7 +84,7 @@ def test_train_drafter(models, tmp_path):
 
 @pytest.mark.parametrize("kind", ["drafter", "conditioned"])
 def test_benchmark(models, tmp_path, kind):
-    out = run("benchmark.py", "--verifier", str(models / "verifier"), "--drafter", str(models / kind),
+    out = run("examples/benchmark.py", "--verifier", str(models / "verifier"), "--drafter", str(models / kind),
               "--prompts", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "16",
               *(["--dtype", "fp32"] if kind == "drafter" else []), "--out", str(tmp_path / "results"))
     assert "| overall |" in out and (tmp_path / "results" / "results.json").exists()
@@ -91,7 +92,7 @@ def test_benchmark(models, tmp_path, kind):
 
 
 def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, capsys, monkeypatch):
-    from hf_specdiff.cli import main
+    from hf_specdiff.tools.cli import main
 
     args = ["bench", "--verifier", str(models / "verifier"), "--drafter", str(models / "conditioned"),
             "--prompts", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "8",
@@ -104,7 +105,7 @@ def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, 
     assert json.loads((tmp_path / "results.json").read_text())["records"] == summary["records"]
     assert main([a if a != "8" else "9" for a in args]) == 2
     assert "other settings (then, now: {'max_new_tokens': (8, 9)})" in capsys.readouterr().err
-    from hf_specdiff import bench
+    from hf_specdiff.tools import bench
 
     dtypes, benchmark = [], bench.benchmark
     monkeypatch.setattr(bench, "benchmark", lambda verifier, *a, **k: dtypes.append(
@@ -118,7 +119,7 @@ def test_bench_command_runs_the_methods_asked_for_and_resumes(models, tmp_path, 
 
 
 def test_tree_tau(models, tmp_path):
-    out = run("tree_tau.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+    out = run("experiments/tree_tau.py", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
               "--prompts", str(models / "prompts.jsonl"), "--categories", "qa", "--per-category", "2",
               "--max-new-tokens", "16", "--fp32", "--configs", "shipped,shipped:1,lookup-tree,hf-lookup",
               "--out", str(tmp_path / "tau.json"))
@@ -132,7 +133,7 @@ def test_tree_tau(models, tmp_path):
 
 
 def test_sampling_vs_commit(models, tmp_path):
-    run("sampling_vs_commit.py", "HEAD", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
+    run("experiments/sampling_vs_commit.py", "HEAD", "--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"),
         "--prompts", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "12",
         "--out", str(tmp_path / "sampling.json"))
     saved = json.loads((tmp_path / "sampling.json").read_text())
@@ -144,7 +145,7 @@ def test_sampling_vs_commit(models, tmp_path):
 
 
 def test_lookup_acceptance_by_ngram(models, tmp_path):
-    out = run("lookup_acceptance_by_ngram.py", "--verifier", str(models / "verifier"), "--prompts",
+    out = run("experiments/lookup_acceptance_by_ngram.py", "--verifier", str(models / "verifier"), "--prompts",
               str(models / "prompts.jsonl"), "--per-category", "2", "--max-new-tokens", "24", "--lookup-tokens", "4",
               "--out", str(tmp_path / "by_ngram.json"))
     rows = json.loads((tmp_path / "by_ngram.json").read_text())["results"]
@@ -160,12 +161,12 @@ def test_lookup_acceptance_by_ngram(models, tmp_path):
 
 
 def test_draft_processors_cost(models):
-    out = run("draft_processors_cost.py", "--rows", "1,3", "--vocab-size", "2048", "--repeats", "1", "--threads", "1")
+    out = run("experiments/draft_processors_cost.py", "--rows", "1,3", "--vocab-size", "2048", "--repeats", "1", "--threads", "1")
     assert re.findall(r"(\d+) rows: transformers' warpers \+ multinomial [0-9.]+ ms, draft_processors", out) == ["1", "3"]
 
 
 def test_verifier_cost(models):
-    out = run("verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20,40",
+    out = run("experiments/verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20,40",
               "--rows", "1,4", "--threads", "1", "--attn", "eager")
     assert "eager" in out and "after 20 tokens: k=1" in out and "after 40 tokens: k=1" in out and "k=4" in out
     assert len(re.findall(r"k=1 [0-9.]+ ms \(1\.00x\)", out)) == 2  # each context relative to its own k=1
@@ -182,7 +183,7 @@ def test_learning_curves(models, tmp_path):
     (run_dir / "log.jsonl").write_text("".join(json.dumps(
         {"step": step, "loss": 1.0, "acceptance_by_position": [0.5, 0.3, 0.2, 0.1, 0.1], "greedy_streak": 0.9,
          "expected_streak": 0.7}) + "\n" for step in (10, 20)) + json.dumps({"step": 15, "loss": 1.0}) + "\n")
-    run("learning_curves.py", str(run_dir), "--out", str(tmp_path / "out"), "--verifier", str(models / "verifier"),
+    run("experiments/learning_curves.py", str(run_dir), "--out", str(tmp_path / "out"), "--verifier", str(models / "verifier"),
         "--dtype", "fp32", "--threads", "1")
     result = json.loads((tmp_path / "out" / "learning_curves.json").read_text())
     curve = result["runs"][0]
@@ -194,12 +195,12 @@ def test_learning_curves(models, tmp_path):
 def test_held_out_acceptance(models, tmp_path):
     import shutil
 
-    run("train_drafter.py", "--verifier", str(models / "verifier"), "--prompts", str(models / "prompts.jsonl"),
+    run("examples/train_drafter.py", "--verifier", str(models / "verifier"), "--prompts", str(models / "prompts.jsonl"),
         "--out", str(tmp_path / "run"), "--steps", "10", "--max-new-tokens", "40", "--hidden-size", "32",
         "--draft-vocab-size", "32")
     shutil.copytree(tmp_path / "run" / "drafter", tmp_path / "run" / "again")
     out = tmp_path / "held_out.json"
-    run("held_out_acceptance.py", str(tmp_path / "run" / "drafter"), str(tmp_path / "run" / "again"), "--out", str(out),
+    run("experiments/held_out_acceptance.py", str(tmp_path / "run" / "drafter"), str(tmp_path / "run" / "again"), "--out", str(out),
         "--windows", "64", "--threads", "1")
     runs = json.loads(out.read_text())["runs"]
     assert runs["drafter"] == runs["again"]  # the same windows for every drafter
@@ -207,7 +208,7 @@ def test_held_out_acceptance(models, tmp_path):
     assert len(runs["drafter"]["acceptance_by_position"]) == 4 and n > 0
     assert runs["drafter"]["position_1_standard_error"] == round((p * (1 - p) / n) ** 0.5, 4)
     data = json.loads((tmp_path / "run" / "drafter" / "training_recipe.json").read_text())["config"]["data"]
-    run("held_out_acceptance.py", str(tmp_path / "run" / "drafter"), "--data", f"{data},", "--out", str(out),
+    run("experiments/held_out_acceptance.py", str(tmp_path / "run" / "drafter"), "--data", f"{data},", "--out", str(out),
         "--windows", "64", "--threads", "1")  # another spelling of the same folder: the same held-out rows
     assert json.loads(out.read_text())["data"] == f"{data}," and json.loads(out.read_text())["runs"]["drafter"] == \
         runs["drafter"]

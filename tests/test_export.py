@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_specdiff.cli import main as cli
+from hf_specdiff.tools.cli import main as cli
 from hf_specdiff.decoding import TreeDecoding
-from hf_specdiff.export import _RENAMES, export_drafter
+from hf_specdiff.tools.export import _RENAMES, export_drafter
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from helpers import DFLASH_PROMPTS, tiny_drafter, tiny_verifier, trained_dflash
 

@@ -1,4 +1,4 @@
-"""The GPU session's rehearsal: `DRY_RUN=1 bash examples/gpu_session.sh` runs every step on this CPU with tiny sizes
+"""The GPU session's rehearsal: `DRY_RUN=1 bash recipes/gpu_session.sh` runs every step on this CPU with tiny sizes
 and writes the results JSON the GPU run writes, so the job cannot rot between the rare sessions with a GPU."""
 
 import json
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_gpu_session_dry_run_runs_every_step_and_writes_the_results(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, DRY_RUN="1", PYTHON=sys.executable, OUT=str(out), HF_HUB_OFFLINE="1")
-    done = subprocess.run(["bash", "examples/gpu_session.sh"], cwd=REPO, env=env, capture_output=True, text=True,
+    done = subprocess.run(["bash", "recipes/gpu_session.sh"], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=1200)
     log = (out / "session.log").read_text() if (out / "session.log").exists() else done.stdout + done.stderr
     assert done.returncode == 0, log[-3000:]

@@ -108,7 +108,7 @@ def test_pipeline_with_assistant_equals_plain_pipeline():
 def test_shipped_drafter_folder_carries_current_code_and_loads(name):
     from pathlib import Path
 
-    from hf_specdiff.hub import validate_model_folder
+    from hf_specdiff.tools.hub import validate_model_folder
 
     folder = Path(__file__).resolve().parents[1] / "model_cards" / name
     package = Path(hf_specdiff.__file__).parent
@@ -123,7 +123,7 @@ def test_shipped_drafter_folder_carries_current_code_and_loads(name):
 def test_package_writes_a_trained_drafter_as_a_hub_folder_in_bf16(tmp_path, capsys):
     from safetensors.torch import load_file
 
-    from hf_specdiff.cli import main as cli
+    from hf_specdiff.tools.cli import main as cli
 
     drafter = tiny_drafter(tiny_verifier("llama"))
     drafter.save_pretrained(tmp_path / "run")

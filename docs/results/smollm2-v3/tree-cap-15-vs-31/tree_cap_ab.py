@@ -2,10 +2,10 @@
 costs: one drafter per arm), K=4 + lookup, against plain, on Spec-Bench; methods interleaved, order rotated."""
 import json, sys, time, torch, hf_specdiff
 import hf_specdiff.decoding as decoding
-from hf_specdiff.bench import read_spec_bench
+from hf_specdiff.tools.bench import read_spec_bench
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
-from hf_specdiff.shipped import shipped_drafter_path
-from hf_specdiff.verifiers import load_verifier
+from hf_specdiff.tools.shipped import shipped_drafter_path
+from hf_specdiff.tools.verifiers import load_verifier
 torch.set_num_threads(2)
 per_cat, new_tokens, caps = int(sys.argv[1]), int(sys.argv[2]), [int(c) for c in sys.argv[3].split(",")]
 verifier, tok = load_verifier("smollm2-135m-instruct", dtype=torch.bfloat16)
