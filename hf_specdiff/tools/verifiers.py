@@ -14,6 +14,7 @@ from ..compat import check_compatibility
 from ..modeling_specdiff import SpecDiffDrafter
 from .shipped import shipped_drafter_path
 
+
 @dataclass(frozen=True)
 class KnownVerifier:
     """A verifier whose GGUF a package registry ships: in one installed package, or in parts over several (joined

@@ -678,8 +678,8 @@ class TreeDecoding:
         self.stats.record_round(tree.max_depth, len(path))
         if round_.draft_scores is not None:  # the drafter's positions that were verified (pruning may cut the deepest)
             num_drafted = max(map(len, round_.drafts), default=0)
-            accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
             if num_drafted:
+                accepted = next((d for d, n in enumerate(path) if n in tree.fixed_only), len(path))
                 self.length_policy.update(num_drafted, accepted)
             else:  # pruned away: the drafter's call did not pay
                 self.length_policy.decline()
