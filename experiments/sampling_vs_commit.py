@@ -26,7 +26,12 @@ from hf_specdiff.tools.shipped import shipped_drafter_path
 from hf_specdiff.tools.verifiers import load_verifier
 
 
-REMOTE_CODE = ("configuration_specdiff", "modeling_specdiff", "generation_specdiff", "decoding")
+def remote_code_at(commit: str) -> list[str]:
+    """The run-time modules at `commit`: the remote-code files (`*_specdiff.py`, split into more files over time)
+    and the tree loop `decoding.py`."""
+    names = subprocess.run(["git", "ls-tree", "--name-only", commit, "hf_specdiff/"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    return [Path(name).stem for name in names if name.endswith("_specdiff.py") or name.endswith("/decoding.py")]
 
 
 def package_at(commit: str):
@@ -36,7 +41,7 @@ def package_at(commit: str):
     package = root / f"specdiff_{commit}"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    for name in REMOTE_CODE:
+    for name in remote_code_at(commit):
         source = subprocess.run(["git", "show", f"{commit}:hf_specdiff/{name}.py"], capture_output=True, text=True,
                                 check=True).stdout
         (package / f"{name}.py").write_text(source)

@@ -13,7 +13,7 @@ from collections import defaultdict
 
 import torch
 
-from hf_specdiff import generation_specdiff
+from hf_specdiff import policies_specdiff
 from hf_specdiff.tools.bench import _assisted_generate, read_spec_bench
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.tools.shipped import shipped_drafter_path
@@ -22,7 +22,7 @@ from hf_specdiff.tools.verifiers import load_verifier
 
 def record_policy(log: list, where: dict):
     """Wrap `DraftLengthPolicy` and the drafter's `generate` so that every round and decision lands in `log`."""
-    policy, drafter = generation_specdiff.DraftLengthPolicy, SpecDiffDrafter
+    policy, drafter = policies_specdiff.DraftLengthPolicy, SpecDiffDrafter
     update, next_length, generate = policy.update, policy.next_length, drafter.generate
 
     def logged_update(self, num_drafted, num_accepted, seconds=None):

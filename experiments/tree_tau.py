@@ -14,7 +14,7 @@ import json
 import torch
 
 import hf_specdiff
-from hf_specdiff import generation_specdiff
+from hf_specdiff import policies_specdiff
 from hf_specdiff.tools.bench import read_spec_bench
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.tools.shipped import shipped_drafter_path
@@ -28,14 +28,14 @@ def run(verifier, drafter, inputs, config: str, max_new_tokens: int) -> torch.Te
     options = {"num_lookup_drafts": int(num_lookup_drafts)} if num_lookup_drafts else {}
     if config == "hf-lookup":
         return verifier.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, prompt_lookup_num_tokens=10)
-    next_length = generation_specdiff.DraftLengthPolicy.next_length
+    next_length = policies_specdiff.DraftLengthPolicy.next_length
     if config == "lookup-tree":
-        generation_specdiff.DraftLengthPolicy.next_length = lambda self, allow_skip=False: 0
+        policies_specdiff.DraftLengthPolicy.next_length = lambda self, allow_skip=False: 0
     try:
         return hf_specdiff.generate(verifier, drafter, **inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                     num_drafts=4, lookup_tokens=10, **options)
     finally:
-        generation_specdiff.DraftLengthPolicy.next_length = next_length
+        policies_specdiff.DraftLengthPolicy.next_length = next_length
 
 
 def main(argv=None):

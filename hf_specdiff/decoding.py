@@ -67,7 +67,7 @@ DEFAULT_NUM_LOOKUP_DRAFTS = 4
 
 
 def device_clock(device: torch.device | str) -> float:
-    """`time.perf_counter()` once the work queued on `device` has run (a copy of `generation_specdiff.device_clock`:
+    """`time.perf_counter()` once the work queued on `device` has run (a copy of `costs_specdiff.device_clock`:
     this file also ships alone). Rounds are timed where the loop waits for the device anyway, so it adds no stall."""
     device = torch.device(device)
     backend = getattr(torch, device.type, None) if device.type != "cpu" else None

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from hf_specdiff.generation_specdiff import device_clock as clock  # noqa: E402 - after torch, as hf_specdiff does
+from hf_specdiff.costs_specdiff import device_clock as clock  # noqa: E402 - after torch, as hf_specdiff does
 
 ROOT = Path(__file__).resolve().parent.parent
 SHIPPED = ROOT / "model_cards" / "specdiff-smollm2-135m-instruct"

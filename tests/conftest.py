@@ -32,6 +32,6 @@ def _modules_cache(tmp_path, monkeypatch):
 def _own_cost_profiles(monkeypatch):
     """A profile one test sets for its pair (`set_cost_profile`) stays out of the next: tiny models built from the same
     seed share a profile's key."""
-    import hf_specdiff.generation_specdiff as generation_specdiff
+    import hf_specdiff.costs_specdiff as costs_specdiff
 
-    monkeypatch.setattr(generation_specdiff, "_PROFILES", {})
+    monkeypatch.setattr(costs_specdiff, "_PROFILES", {})

@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-import hf_specdiff.generation_specdiff as generation_specdiff
+import hf_specdiff.costs_specdiff as costs_specdiff
 from hf_specdiff.tools.bench import bench_methods, benchmark, by_kind, read_spec_bench, save
 from helpers import tiny_dflash_drafter, greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
@@ -13,7 +13,7 @@ from helpers import tiny_dflash_drafter, greedy_sequences, tiny_drafter, tiny_to
 @pytest.mark.slow
 def test_bench_runs_every_method_and_writes_results(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_SPECDIFF_COSTS", str(tmp_path / "costs"))  # no cost profile yet
-    monkeypatch.setattr(generation_specdiff, "_PROFILES", {})
+    monkeypatch.setattr(costs_specdiff, "_PROFILES", {})
     questions = tmp_path / "question.jsonl"
     with questions.open("w") as f:
         for i, category in enumerate(["qa", "qa", "qa", "math", "math"]):

@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten
 
 import hf_specdiff
-from hf_specdiff import decoding, generation_specdiff
+from hf_specdiff import costs_specdiff, decoding, policies_specdiff
 from helpers import PROMPTS, trained_standalone
 
 PACKAGE = Path(hf_specdiff.__file__).resolve().parent
@@ -57,7 +57,7 @@ class DeviceReadCounter(TorchFunctionMode):
 def test_device_clock_synchronises_an_asynchronous_device_and_not_the_cpu(monkeypatch):
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
-    for clock in (generation_specdiff.device_clock, decoding.device_clock):
+    for clock in (costs_specdiff.device_clock, decoding.device_clock):
         clock(torch.device("cpu"))
         assert calls == []
         clock(torch.device("cuda", 1))
@@ -68,7 +68,7 @@ def test_device_clock_synchronises_an_asynchronous_device_and_not_the_cpu(monkey
 def test_every_timed_round_reads_the_clock_of_the_verifiers_device(monkeypatch):
     verifier, drafter = trained_standalone("llama")
     devices = []
-    for module in (decoding, generation_specdiff):  # the tree loop, K=1, and the drop-in path's rounds
+    for module in (decoding, policies_specdiff):  # the tree loop, K=1, and the drop-in path's rounds
         clock = module.device_clock
         monkeypatch.setattr(module, "device_clock", lambda device, clock=clock: devices.append(device) or clock(device))
     stats = decoding.SpecDiffStats()

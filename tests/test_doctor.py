@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import hf_specdiff.generation_specdiff as generation_specdiff
+import hf_specdiff.costs_specdiff as costs_specdiff
 from hf_specdiff.tools.doctor import Outlook, fastest, report
-from hf_specdiff.generation_specdiff import PROFILE_LENGTHS, CostProfile, cost_profile
+from hf_specdiff.costs_specdiff import PROFILE_LENGTHS, CostProfile, cost_profile
 from helpers import tiny_drafter, tiny_tokenizer, tiny_verifier
 
 # a verified token costs two plain steps; a drafter call half of one
@@ -36,12 +36,12 @@ def test_cost_profile_is_measured_once_per_machine_and_models_then_read_from_dis
     assert sorted(profile.verifier) == list(PROFILE_LENGTHS) and sorted(profile.drafter) == [1, 8]
     assert all(seconds > 0 for seconds in [*profile.verifier.values(), *profile.drafter.values()])
     assert profile.machine["threads"] == torch.get_num_threads()
-    directory = Path(generation_specdiff.cost_profile_dir())
+    directory = Path(costs_specdiff.cost_profile_dir())
     files = os.listdir(directory)
     assert any(CostProfile.from_dict(json.loads((directory / name).read_text())) == profile for name in files)
 
-    monkeypatch.setattr(generation_specdiff, "_PROFILES", {})  # a new process: only the disk remembers
-    monkeypatch.setattr(generation_specdiff, "measure_costs", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(costs_specdiff, "_PROFILES", {})  # a new process: only the disk remembers
+    monkeypatch.setattr(costs_specdiff, "measure_costs", lambda *a, **k: pytest.fail("measured again"))
     assert cost_profile(verifier, drafter) == profile
     verifier.to(torch.float64)  # another dtype: another profile
     assert cost_profile(verifier, drafter, measure=False) is None

@@ -3,8 +3,9 @@
 import pytest
 import torch
 
-import hf_specdiff.generation_specdiff as generation_specdiff
-from hf_specdiff.generation_specdiff import AssistantRounds, CostProfile, DraftLengthPolicy, RoundCosts
+import hf_specdiff.costs_specdiff as costs_specdiff
+from hf_specdiff.costs_specdiff import CostProfile, RoundCosts
+from hf_specdiff.policies_specdiff import AssistantRounds, DraftLengthPolicy
 from helpers import greedy_sequences, tiny_drafter, tiny_verifier, train_briefly
 
 PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(4))
@@ -21,7 +22,7 @@ def no_wall_clock(monkeypatch):
 def paired(verifier, drafter, profile: CostProfile):
     """`drafter` attached to `verifier`, its drop-in rounds costed by `profile`."""
     drafter.attach(verifier)
-    generation_specdiff.set_cost_profile(verifier, drafter, profile)
+    costs_specdiff.set_cost_profile(verifier, drafter, profile)
     return drafter
 
 

@@ -10,6 +10,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, pipeline
 
 import hf_specdiff
+from hf_specdiff.tools.hub import REMOTE_CODE_FILES
 from helpers import greedy_sequences, run_as_remote_code, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 INPUT = torch.tensor([[5, 9, 14, 3, 3, 70, 12]])
@@ -29,12 +30,12 @@ def test_saved_folder_is_hub_ready(saved):
     config = json.loads((path / "config.json").read_text())
     assert config["auto_map"] == {"AutoConfig": "configuration_specdiff.SpecDiffConfig",
                                   "AutoModelForCausalLM": "modeling_specdiff.SpecDiffDrafter"}
-    for name in ("configuration_specdiff.py", "modeling_specdiff.py", "generation_specdiff.py", "model.safetensors"):
+    for name in (*REMOTE_CODE_FILES, "model.safetensors"):
         assert (path / name).exists(), name
     generation = json.loads((path / "generation_config.json").read_text())
     assert generation["num_assistant_tokens"] == 8
     assert generation["assistant_confidence_threshold"] == 0.0
-    for name in ("configuration_specdiff.py", "modeling_specdiff.py", "generation_specdiff.py"):
+    for name in REMOTE_CODE_FILES:
         imports = [line for line in (path / name).read_text().splitlines() if line.startswith(("import ", "from "))]
         assert all(line.split()[1].split(".")[0] in {"torch", "transformers", ""} | sys.stdlib_module_names
                    for line in imports), imports
@@ -112,7 +113,7 @@ def test_shipped_drafter_folder_carries_current_code_and_loads(name):
 
     folder = Path(__file__).resolve().parents[1] / "model_cards" / name
     package = Path(hf_specdiff.__file__).parent
-    for file in ("configuration_specdiff.py", "modeling_specdiff.py", "generation_specdiff.py"):
+    for file in REMOTE_CODE_FILES:
         assert (folder / file).read_text() == (package / file).read_text(), \
             f"{file} is stale: re-save the drafter (SpecDiffDrafter.from_pretrained(folder).save_pretrained(folder))"
     assert validate_model_folder(folder) == []
@@ -133,7 +134,7 @@ def test_package_writes_a_trained_drafter_as_a_hub_folder_in_bf16(tmp_path, caps
     assert packaged.keys() == saved.keys()
     assert all(packaged[k].dtype == torch.bfloat16 and torch.equal(packaged[k], saved[k].bfloat16()) for k in saved)
     assert json.loads((tmp_path / "card" / "training_recipe.json").read_text()) == {"steps": 3}
-    assert all((tmp_path / "card" / f).is_file() for f in ("modeling_specdiff.py", "generation_specdiff.py"))
+    assert all((tmp_path / "card" / f).is_file() for f in REMOTE_CODE_FILES)
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "card").dtype == torch.bfloat16
     assert cli(["package", str(tmp_path / "run"), str(tmp_path / "run")]) == 2
     assert "is the drafter's own folder" in capsys.readouterr().err

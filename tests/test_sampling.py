@@ -4,7 +4,9 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopPLogitsWarper
 
+import hf_specdiff.costs_specdiff as costs
 import hf_specdiff.generation_specdiff as generation
+import hf_specdiff.policies_specdiff as policies
 from helpers import sampled_sequences, sharp_verifier, tiny_drafter, train_briefly
 from stats import SAMPLES, chi_square_pvalue, exact_first_two
 
@@ -81,14 +83,14 @@ def lookup_setup(setup):
     candidates = [torch.cat([prompt, torch.tensor([[u, t, prompt[0, -1]]])], dim=1)
                   for u in range(VOCAB) for t in range(VOCAB)]
     with torch.no_grad():
-        p_lookup = [float((verifier(c).logits[0, -1] / 2).softmax(-1)[generation.prompt_lookup(c[0], 1)[0]])
+        p_lookup = [float((verifier(c).logits[0, -1] / 2).softmax(-1)[policies.prompt_lookup(c[0], 1)[0]])
                     for c in candidates]
     best = min(range(len(candidates)), key=lambda i: abs(p_lookup[i] - 0.5))
     assert 0.1 < p_lookup[best] < 0.9
     drafter = tiny_drafter(verifier, block_size=4).attach(verifier)
     # verified tokens cheap, the drafter's call dear: lookup drafts pay, the drafter's do not
-    profile = generation.CostProfile({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15, 5: 1.2}, drafter={1: 2.0, 3: 2.0})
-    generation.set_cost_profile(verifier, drafter, profile)
+    profile = costs.CostProfile({1: 1.0, 2: 1.05, 3: 1.1, 4: 1.15, 5: 1.2}, drafter={1: 2.0, 3: 2.0})
+    costs.set_cost_profile(verifier, drafter, profile)
     return drafter, candidates[best], exact_first_two(verifier, candidates[best], temperature=2.0)
 
 
@@ -103,8 +105,8 @@ def test_drop_in_lookup_rounds_sample_the_target(setup, lookup_setup, monkeypatc
     verifier = setup[0]
     drafter, prompt, exact = lookup_setup
     rounds = []  # each generation's round tracker, which holds its policies
-    init = generation.AssistantRounds.__init__
-    monkeypatch.setattr(generation.AssistantRounds, "__init__", lambda self, *a: rounds.append(self) or init(self, *a))
+    init = policies.AssistantRounds.__init__
+    monkeypatch.setattr(policies.AssistantRounds, "__init__", lambda self, *a: rounds.append(self) or init(self, *a))
     pairs = sample_lookup_pairs(verifier, drafter, prompt)
     assert chi_square_pvalue(pairs, exact) > 1e-3
     assert sum(float(r.lookup_policy.acceptance.reached[0]) for r in rounds) > 0  # lookup rounds ran

@@ -10,7 +10,8 @@ from transformers import StopStringCriteria
 
 import hf_specdiff
 import hf_specdiff.decoding as decoding
-from hf_specdiff.generation_specdiff import AcceptanceRates, CostProfile, DraftLengthPolicy, RoundCosts
+from hf_specdiff.costs_specdiff import CostProfile, RoundCosts
+from hf_specdiff.policies_specdiff import AcceptanceRates, DraftLengthPolicy
 from helpers import (ARCHS, PROMPTS, CollectingStreamer, sampled_sequences, sharp_verifier, tiny_drafter, tiny_tokenizer,
                      tiny_verifier, train_briefly, trained_standalone)
 from stats import SAMPLES, chi_square_pvalue, exact_first_two

@@ -24,7 +24,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ..decoding import DEFAULT_NUM_LOOKUP_DRAFTS, SpecDiffStats, generate
-from ..generation_specdiff import device_clock
+from ..costs_specdiff import device_clock
 from ..training.evaluate import plot_acceptance
 from .threads import torch_threads
 

@@ -6,7 +6,7 @@ import sys
 import torch
 
 from ..decoding import SpecDiffStats, generate
-from ..generation_specdiff import device_clock
+from ..costs_specdiff import device_clock
 from .doctor import DTYPES, Outlook, load_fastest
 from .threads import torch_threads
 from .verifiers import DEFAULT_VERIFIER, load_pair

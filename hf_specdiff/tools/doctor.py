@@ -5,7 +5,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..generation_specdiff import AcceptanceRates, CostProfile, machine_description
+from ..costs_specdiff import CostProfile, machine_description
+from ..policies_specdiff import AcceptanceRates
 from .threads import torch_threads
 from .verifiers import load_pair
 

@@ -34,7 +34,7 @@ Arguments beyond `generate`'s own: `drafter` (required), `num_drafts` (K, defaul
 each round's tree; default 0, none), `num_lookup_drafts` (how many: the distinct continuations of the latest
 matches; default 4), `max_tree_nodes` (greedy tree size, lookup drafts included; default: sized each round by
 measured cost), `cost_profile` (a `CostProfile` of this machine's verifier and drafter forwards; default: measured
-once per machine and model and cached, see `hf_specdiff.generation_specdiff.cost_profile`), `streamer`, `stats` (a
+once per machine and model and cached, see `hf_specdiff.costs_specdiff.cost_profile`), `streamer`, `stats` (a
 `SpecDiffStats` to fill). Batch size 1.
 The verifier needs an attention implementation that takes a 4D mask (`sdpa` or `eager`) when K > 1 or
 `lookup_tokens` > 0.
@@ -56,8 +56,10 @@ def export_custom_generate(path) -> Path:
 # Drafter model folders: card, validation, upload
 
 MAX_WEIGHTS_MB = 40
-REQUIRED_FILES = ("config.json", "generation_config.json", "configuration_specdiff.py", "modeling_specdiff.py",
-                  "generation_specdiff.py", "model.safetensors", "README.md")
+# the drafter's remote code: what `save_pretrained` copies into a folder (the model's file and what it imports)
+REMOTE_CODE_FILES = ("configuration_specdiff.py", "modeling_specdiff.py", "generation_specdiff.py", "policies_specdiff.py",
+                     "costs_specdiff.py")
+REQUIRED_FILES = ("config.json", "generation_config.json", *REMOTE_CODE_FILES, "model.safetensors", "README.md")
 CARD_KEYS = ("library_name", "pipeline_tag", "base_model", "license", "datasets", "tags")
 
 

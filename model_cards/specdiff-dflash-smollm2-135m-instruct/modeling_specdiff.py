@@ -33,9 +33,9 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_specdiff import SpecDiffConfig
-from .generation_specdiff import (LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, CostProfile, DraftLengthPolicy,
-                                  RoundCosts, SpecDiffCache, VerifierFeatures, VerifierHooks, cost_profile,
-                                  draft_block, point_mass_scores)
+from .costs_specdiff import CostProfile, RoundCosts, cost_profile
+from .generation_specdiff import SpecDiffCache, VerifierFeatures, VerifierHooks, draft_block, point_mass_scores
+from .policies_specdiff import LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, DraftLengthPolicy
 
 # The field outputs hold the cache in: `cache` from transformers 5.24 on (the old name still works, with a warning).
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"

@@ -1,0 +1,304 @@
+"""What a round costs on this machine: a `CostProfile` of the verifier's forward over n new tokens and the drafter's
+call, measured once per machine and models and kept on disk (`cost_profile`), and `RoundCosts`, which adds to it what
+a generation's loop measurably spends around those forwards. The policies (`policies_specdiff.py`) weigh expected
+tokens against these costs.
+
+This file ships to the Hub as remote code: it imports only torch and transformers.
+"""
+
+import copy
+import functools
+import hashlib
+import json
+import logging
+import os
+import platform
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+
+from transformers import DynamicCache
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+logger = logging.getLogger(__name__)
+
+# the name models take their cache under: `cache` from transformers 5.24 on (the old name is still taken, with a warning)
+CACHE_KWARG = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
+
+def device_clock(device: torch.device | str) -> float:
+    """`time.perf_counter()` once the work queued on `device` has run: on an asynchronous device (CUDA, XPU, MPS) a
+    host clock alone would time the queueing of a round, not the round. Called where a policy times rounds, at
+    points where the loop has waited for the device anyway (its acceptance decision), so it adds no stall there."""
+    device = torch.device(device)
+    backend = getattr(torch, device.type, None) if device.type != "cpu" else None
+    if backend is not None and hasattr(backend, "synchronize"):
+        backend.synchronize() if device.type == "mps" else backend.synchronize(device)
+    return time.perf_counter()
+
+
+@dataclass
+class CostProfile:
+    """What rounds cost on this machine for one verifier and drafter, in the dtypes and thread count they run with:
+    `verifier[n]`, the seconds of a verifier forward over n new tokens after a cached context (n = 1 is a plain
+    decoding step), and `drafter[g]`, the seconds of a drafter call that drafts g tokens. Measured once
+    (`measure_costs`) and cached per machine and models (`cost_profile`); every draft-length and tree-size policy
+    starts from it, so the first round already knows what a verified token costs here."""
+
+    verifier: dict[int, float]
+    drafter: dict[int, float] = field(default_factory=dict)
+    machine: dict = field(default_factory=dict)
+
+    def verifier_seconds(self, num_tokens: torch.Tensor) -> torch.Tensor:
+        """Seconds of verifier forwards over `num_tokens` new tokens (piecewise linear between measured counts, the
+        last segment's slope beyond them)."""
+        return _interpolate(self.verifier, num_tokens)
+
+    def drafter_seconds(self, num_tokens: torch.Tensor) -> torch.Tensor:
+        """Seconds of drafter calls drafting `num_tokens` tokens (0 where `num_tokens` is 0: no call)."""
+        num_tokens = torch.as_tensor(num_tokens, dtype=torch.float64)
+        if not self.drafter:
+            return torch.zeros_like(num_tokens)
+        return torch.where(num_tokens > 0, _interpolate(self.drafter, num_tokens.clamp_min(1)), 0.0)
+
+    def round_seconds(self, lengths: torch.Tensor, drafted: bool = True) -> torch.Tensor:
+        """Seconds of rounds that verify `lengths` drafted tokens (and the last committed one), with the drafter's
+        call where `drafted` and a length is > 0. Length 0 is a plain step."""
+        lengths = torch.as_tensor(lengths, dtype=torch.float64)
+        seconds = self.verifier_seconds(lengths + 1)
+        return seconds + self.drafter_seconds(lengths) if drafted else seconds
+
+    @property
+    def plain_step(self) -> float:
+        """Seconds of a plain decoding step."""
+        return float(self.verifier_seconds(torch.tensor([1.0]))[0])
+
+    def best_rate(self, acceptance: torch.Tensor, max_length: int, drafted: bool = True) -> tuple[int, float]:
+        """The draft length (0: a plain step) with the most expected tokens per second if position i is accepted
+        with probability `acceptance[i]` once the positions before it were, and that rate."""
+        lengths = torch.arange(0, max_length + 1)
+        expected = 1 + torch.cat([torch.zeros(1), acceptance[:max_length].double().cumprod(0)]).cumsum(0)
+        rate = expected[:len(lengths)] / self.round_seconds(lengths[:len(expected)], drafted)
+        return int(rate.argmax()), float(rate.max())
+
+    def to_dict(self) -> dict:
+        return {"verifier": self.verifier, "drafter": self.drafter, "machine": self.machine}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "CostProfile":
+        return cls({int(k): float(v) for k, v in data["verifier"].items()},
+                   {int(k): float(v) for k, v in data.get("drafter", {}).items()}, data.get("machine", {}))
+
+
+def _interpolate(points: dict[int, float], x: torch.Tensor) -> torch.Tensor:
+    keys = sorted(points)
+    xs = torch.tensor(keys, dtype=torch.float64)
+    ys = torch.tensor([points[k] for k in keys], dtype=torch.float64)
+    x = torch.as_tensor(x, dtype=torch.float64)
+    if len(keys) == 1:
+        return torch.full_like(x, float(ys[0]))
+    segment = (torch.searchsorted(xs, x.contiguous(), right=True) - 1).clamp(0, len(keys) - 2)
+    slope = (ys[segment + 1] - ys[segment]) / (xs[segment + 1] - xs[segment])
+    return (ys[segment] + slope * (x - xs[segment])).clamp_min(float(ys.min()) * 0.5)
+
+
+# the verifier forwards a profile times (new tokens after the context), and the cached context they follow
+PROFILE_LENGTHS = (1, 2, 3, 4, 6, 8, 12, 16, 20)
+PROFILE_CONTEXT = 128
+
+
+def machine_description(device: torch.device) -> dict:
+    """What a cost profile depends on besides the models: processor, SIMD level, torch, threads, accelerator."""
+    description = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": device.type,
+                   "cpu_capability": torch.backends.cpu.get_cpu_capability(), "processor": platform.processor()}
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as info:
+            names = [line.split(":", 1)[1].strip() for line in info if line.startswith("model name")]
+        description["processor"] = names[0] if names else description["processor"]
+    if device.type == "cuda":
+        description["accelerator"] = torch.cuda.get_device_name(device)
+    return description
+
+
+@torch.no_grad()
+def measure_costs(verifier, drafter=None, repeats: int = 3, lengths=PROFILE_LENGTHS,
+                  context: int = PROFILE_CONTEXT) -> CostProfile:
+    """Time the verifier's forward over each of `lengths` new tokens after `context` cached tokens, and the
+    drafter's call drafting 1 and its most tokens (medians of `repeats`, interleaved, after one untimed pass)."""
+    device = verifier.device
+    vocab = verifier.config.get_text_config().vocab_size
+    ids = torch.randint(vocab, (1, context + max(lengths)), generator=torch.Generator().manual_seed(0)).to(device)
+    context_cache = DynamicCache(config=verifier.config)
+    verifier(input_ids=ids[:, :context], use_cache=True, **{CACHE_KWARG: context_cache})
+
+    def verifier_forward(n):
+        cache = copy.deepcopy(context_cache)  # a fresh copy each time: every cache layer kind, every version
+        start = device_clock(device)
+        verifier(input_ids=ids[:, context:context + n], use_cache=True, logits_to_keep=n, **{CACHE_KWARG: cache})
+        return device_clock(device) - start
+
+    runs = {}
+    if drafter is not None:
+        drafter_cache, prompt = drafter.new_cache(), ids[:, :context].to(drafter.device)
+        drafter.draft(prompt, drafter_cache, 1)  # encodes the prompt: later calls draft after a cached context
+
+        def drafter_call(g):
+            start = device_clock(drafter.device)
+            drafter.draft(prompt, drafter_cache, g)
+            return device_clock(drafter.device) - start
+
+        runs.update({("drafter", g): functools.partial(drafter_call, g)
+                     for g in sorted({1, drafter.config.max_draft_tokens})})
+    runs.update({("verifier", n): functools.partial(verifier_forward, n) for n in lengths})
+    seconds = {name: [] for name in runs}
+    for repeat in range(repeats + 1):  # interleaved, so that a slow minute does not fall on one length
+        for name, run in runs.items():
+            elapsed = run()
+            if repeat:
+                seconds[name].append(elapsed)
+    median = {name: sorted(times)[len(times) // 2] for name, times in seconds.items()}
+    return CostProfile({n: t for (kind, n), t in median.items() if kind == "verifier"},
+                       {g: t for (kind, g), t in median.items() if kind == "drafter"},
+                       machine=machine_description(device))
+
+
+_KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # verifier -> {what its key depends on: key}
+
+
+def _cost_key(verifier, drafter) -> str:
+    """The profile's name: a hash of the machine, both models' configs, dtypes and devices. Rounds ask for it at every
+    generation and hashing the configs takes tens of ms, so it is kept per verifier for what can change in place."""
+    state = (None if drafter is None else weakref.ref(drafter), verifier.dtype, verifier.device, torch.get_num_threads(),
+             None if drafter is None else (drafter.dtype, drafter.device))
+    keys = _KEYS.setdefault(verifier, {})
+    if state not in keys:
+        keys[state] = _hashed_cost_key(verifier, drafter)
+    return keys[state]
+
+
+def _hashed_cost_key(verifier, drafter) -> str:
+    parts = [machine_description(verifier.device), verifier.config.to_json_string(use_diff=False), str(verifier.dtype),
+             getattr(verifier.config, "_attn_implementation", None), PROFILE_LENGTHS, PROFILE_CONTEXT]
+    if drafter is not None:
+        parts += [drafter.config.to_json_string(use_diff=False), str(drafter.dtype), str(drafter.device)]
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def cost_profile_dir() -> str:
+    """Where cost profiles are kept: $HF_SPECDIFF_COSTS, else `costs` in $HF_SPECDIFF_CACHE (~/.cache/hf_specdiff)."""
+    root = os.environ.get("HF_SPECDIFF_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "hf_specdiff"))
+    return os.environ.get("HF_SPECDIFF_COSTS", os.path.join(root, "costs"))
+
+
+_PROFILES: dict[str, CostProfile] = {}
+
+
+def cost_profile(verifier, drafter=None, measure: bool = True) -> CostProfile | None:
+    """This machine's `CostProfile` for `verifier` and `drafter` as they are now (dtypes, device, threads): from
+    memory, else from `cost_profile_dir()`, else measured (a few seconds, once) and saved there. With
+    `measure=False`, None where none was kept."""
+    key = _cost_key(verifier, drafter)
+    if key in _PROFILES:
+        return _PROFILES[key]
+    path = os.path.join(cost_profile_dir(), f"{key}.json")
+    if os.path.isfile(path):
+        try:
+            with open(path) as file:
+                _PROFILES[key] = CostProfile.from_dict(json.load(file))
+            return _PROFILES[key]
+        except (ValueError, KeyError) as error:
+            logger.warning(f"ignoring the unreadable cost profile {path} ({error}); measuring again")
+    if not measure:
+        return None
+    logger.warning("hf_specdiff: measuring what a verifier forward and a draft cost on this machine (once; kept in "
+                   f"{path})")
+    profile = _PROFILES[key] = measure_costs(verifier, drafter)
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as file:
+            json.dump(profile.to_dict(), file, indent=1)
+        os.replace(path + ".tmp", path)
+    except OSError as error:
+        logger.warning(f"could not keep the cost profile in {path} ({error}): it will be measured again next time")
+    return profile
+
+
+def set_cost_profile(verifier, drafter, profile: CostProfile):
+    """Use `profile` for this pair from now on in this process (for example one measured on a quieter machine)."""
+    _PROFILES[_cost_key(verifier, drafter)] = profile
+
+
+class RoundCosts:
+    """Measured seconds of a verification round against its draft length g: a line c0 + c1 * g fitted to the
+    per-length means of the rounds that drafted (least squares, weighted by the rounds measured), and the measured
+    mean for g = 0, a round that drafts nothing (a plain step: no drafter forward, which a round of any g > 0 pays
+    once, whatever g). Until two draft lengths are measured, the slope is `prior_slope` times the intercept: it
+    assumes extra verified tokens are cheap, and lets the policy try longer drafts until measurements say otherwise.
+
+    With a `prior` (seconds of rounds by length, from this machine's `CostProfile`), a round costs the prior plus
+    what the loop measurably adds to it: the policy knows from the first round what each length costs. What it adds
+    is kept apart for plain steps (g = 0) and for rounds that draft: a drafting round pays more than its forwards
+    (the drafter's cache, the verifier's features, a longer cache to cut), and one mean for both made drafting look
+    cheaper than it is where most rounds are plain steps."""
+
+    min_slope = 0.005  # a verified token is never taken as free: noise must not make the longest draft look best
+    prior_rounds = 4  # the weight of `prior` against measured rounds, in rounds
+
+    def __init__(self, prior_slope: float = 0.02, prior=None):
+        self.prior_slope = prior_slope
+        self.prior = prior
+        self.seconds: dict[int, float] = {}
+        self.rounds: dict[int, int] = {}
+        self._prior_seconds: dict[int, float] = {}  # the prior by length, read once (rounds ask every time)
+        self._excess = [0.0, 0.0]  # measured seconds minus the prior's, summed over plain steps and drafting rounds
+
+    def record(self, length: int, seconds: float):
+        self.seconds[length] = self.seconds.get(length, 0.0) + seconds
+        self.rounds[length] = self.rounds.get(length, 0) + 1
+        if self.prior is not None:
+            self._excess[length > 0] += seconds - float(self._prior_at(torch.tensor([length]))[0])
+
+    def predict(self, lengths: torch.Tensor) -> torch.Tensor:
+        """Relative cost of rounds of these lengths (any positive scale; seconds with a `prior`)."""
+        if self.prior is not None:
+            return self._from_prior(lengths)
+        drafted = [g for g in self.rounds if g > 0]
+        intercept, slope = self._line(drafted or list(self.rounds))
+        cost = intercept + slope * lengths.double()
+        if drafted and 0 in self.rounds:
+            cost = torch.where(lengths == 0, self.seconds[0] / self.rounds[0], cost)
+        return cost.float()
+
+    def _from_prior(self, lengths: torch.Tensor) -> torch.Tensor:
+        """The prior's seconds plus what the loop adds to them: measured seconds minus the prior's, averaged over the
+        rounds measured of the same kind (plain steps, drafting rounds) and `prior_rounds` rounds that add nothing."""
+        prior = self._prior_at(lengths)
+        plain = self.rounds.get(0, 0)
+        drafted = sum(self.rounds.values()) - plain
+        excess = torch.where(torch.as_tensor(lengths) > 0, self._excess[1] / (drafted + self.prior_rounds),
+                             self._excess[0] / (plain + self.prior_rounds))
+        return (prior + excess).clamp_min(0.1 * prior).float()
+
+    def _prior_at(self, lengths: torch.Tensor) -> torch.Tensor:
+        keys = [int(g) for g in torch.as_tensor(lengths).tolist()]
+        missing = sorted(set(keys) - set(self._prior_seconds))
+        if missing:
+            self._prior_seconds.update(zip(missing, self.prior(torch.tensor(missing)).double().tolist()))
+        return torch.tensor([self._prior_seconds[g] for g in keys], dtype=torch.float64)
+
+    def _line(self, lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(c0, c1) of the line through the mean seconds at `lengths`."""
+        if not lengths:
+            return torch.tensor(1.0, dtype=torch.float64), torch.tensor(self.prior_slope, dtype=torch.float64)
+        g = torch.tensor(lengths, dtype=torch.float64)
+        n = torch.tensor([self.rounds[k] for k in lengths], dtype=torch.float64)
+        mean = torch.tensor([self.seconds[k] / self.rounds[k] for k in lengths], dtype=torch.float64)
+        if len(g) == 1:
+            c0 = mean[0] / (1 + self.prior_slope * g[0])
+            return c0, self.prior_slope * c0
+        g_bar, m_bar = (n * g).sum() / n.sum(), (n * mean).sum() / n.sum()
+        slope = (n * (g - g_bar) * (mean - m_bar)).sum() / (n * (g - g_bar) ** 2).sum()
+        intercept = (m_bar - slope.clamp_min(0) * g_bar).clamp_min(0.1 * m_bar)
+        return intercept, slope.clamp_min(self.min_slope * intercept)
