@@ -601,7 +601,7 @@ class TreeDecoding:
         if not self.do_sample and (lookups or draft_scores is not None):  # keep the nodes likeliest accepted
             kept, drafts = self._prune(lookups, draft_scores)
             if self.length_policy.probing and draft_scores is not None and not any(drafts):
-                drafts = [draft_scores.argmax(-1).tolist()]  # a probe's draft is verified: it measures acceptance
+                drafts = [[int(draft_scores[0].argmax())]]  # a probe's token is verified: it measures acceptance
         tree = DraftTree.from_drafts(drafts, fixed=kept)
         return TreeRound(input_ids[:, past:], past, lookups, drafts, draft_scores, tree,
                          host_to_device(tree.tokens, input_ids.device), started)

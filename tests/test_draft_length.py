@@ -1,7 +1,5 @@
 """The adaptive draft length of the linear paths: measured acceptance against the measured cost of a round."""
 
-import math
-
 import pytest
 import torch
 
@@ -13,8 +11,6 @@ from helpers import greedy_sequences, tiny_drafter, tiny_verifier, train_briefly
 PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(4))
 # as if each drafted token cost two plain steps (seconds of a verifier forward by new tokens; the drafter free)
 DEAR_TOKENS = CostProfile({1: 1.0, 2: 3.0, 3: 5.0})
-# each drafted token costs 0.6 plain steps: drafting pays where it is accepted, and a probe loses little
-COSTLY_TOKENS = CostProfile({1: 1.0, 2: 1.6, 3: 2.2})
 
 
 @pytest.fixture
@@ -110,14 +106,13 @@ def test_a_policy_from_a_profile_takes_plain_steps_from_round_one_where_drafting
         return generation(policy, torch.Generator().manual_seed(0), rate, rounds, lambda g: None)
 
     assert first_rounds(avx2, 0.1) == [1] + [0] * 7  # one token tried, rejected: plain steps from then on
-    # even a perfect drafter cannot pay: a probe loses 1.5 plain steps, so it waits its longest gap
-    assert first_rounds(DEAR_TOKENS, 0.9, 64) == [0] * 63 + [1]
+    assert first_rounds(DEAR_TOKENS, 0.9) == [0] * 7 + [1]  # even a perfect drafter cannot pay: a probe only
     assert min(first_rounds(avx512, 0.9)) >= 2  # drafting pays from the first round
 
 
 def test_probes_grow_rarer_while_drafting_does_not_pay():
     policy = DraftLengthPolicy(16)
-    for length, seconds in ((0, 1.0), (1, 1.6), (2, 2.2)):  # each drafted token costs 0.6 plain steps
+    for length, seconds in ((0, 1.0), (1, 3.0), (2, 5.0)):  # each drafted token costs two plain steps
         policy.costs.record(length, seconds)
 
     def probe_rounds(rounds):
@@ -129,45 +124,13 @@ def test_probes_grow_rarer_while_drafting_does_not_pay():
                 policy.update(g, 0)
         return probes
 
-    probes = probe_rounds(300)
-    gaps = torch.tensor(probes).diff(prepend=torch.tensor([0])).tolist()
-    # untried, a probe loses 0.1 plain steps: the shortest gap; then each rejected probe doubles a gap that also
-    # grows with what a probe loses, up to the longest
-    assert gaps[0] == DraftLengthPolicy.probe_every and gaps[1] > 2 * gaps[0], gaps
-    assert gaps[1] < gaps[2] == DraftLengthPolicy.max_probe_every == max(gaps), gaps
+    gaps = DraftLengthPolicy.probe_every * torch.tensor([1, 2, 4, 8, 8, 8]).clamp_max(
+        DraftLengthPolicy.max_probe_every // DraftLengthPolicy.probe_every)
+    assert probe_rounds(300) == gaps.cumsum(0)[gaps.cumsum(0) <= 300].tolist()
     for _ in range(50):  # drafting pays now (every probe accepted, verification cheap): no skipping, no probes
         policy.update(1, 1, 1.0)
         policy.update(4, 4, 1.1)
-    length = policy.next_length(allow_skip=True)
-    policy.update(length, length, 1.1)
-    assert length > 1 and policy.failed_probes == 0
-
-
-def test_the_probe_gap_keeps_what_probes_lose_within_their_budget():
-    """A probe waits until what it is expected to lose (its cost in plain steps minus the tokens it brings) is at
-    most `probe_budget` of the skipped rounds' time: soon where verifying is nearly free, late where it is dear."""
-    def first_gap(verifier_seconds):
-        policy = DraftLengthPolicy(8, costs=RoundCosts(prior=CostProfile(verifier_seconds).round_seconds))
-        for _ in range(6):
-            policy.update(1, 0)  # rejected: drafting does not pay, even where verifying is cheap
-        assert policy.next_length(allow_skip=True) == 0
-        return policy.probe_gap, policy.probe_length
-
-    assert first_gap({1: 1.0, 2: 1.1, 16: 2.0}) == (DraftLengthPolicy.probe_every, 1)
-    gap, _ = first_gap({1: 1.0, 2: 1.3, 16: 4.0})  # a probe loses 1.3 - (1 + 0.5 / 7) plain steps
-    assert gap == math.ceil((1.3 - 1 - 0.5 / 7) / DraftLengthPolicy.probe_budget)
-    assert first_gap(DEAR_TOKENS.verifier)[0] == DraftLengthPolicy.max_probe_every
-
-
-def test_a_probe_drafts_the_length_that_loses_least():
-    """Where a 4-token forward costs less than a 2-token one (fp32 on an AVX2 CPU, docs/tuning.md), a probe drafts
-    3 tokens: cheaper than 1, and it measures three positions."""
-    policy = DraftLengthPolicy(8, costs=RoundCosts(prior=CostProfile({1: 1.0, 2: 1.6, 3: 2.0, 4: 1.5, 9: 3.0})
-                                                   .round_seconds))
-    for _ in range(6):
-        policy.update(1, 0)
-    lengths = [policy.next_length(allow_skip=True) for _ in range(DraftLengthPolicy.max_probe_every)]
-    assert set(lengths) == {0, 3} and policy.probing is False
+    assert policy.next_length(allow_skip=True) > 1 and policy.probe_gap == DraftLengthPolicy.probe_every
 
 
 def test_a_skipping_policy_weighs_the_lengths_again_only_after_a_round_that_drafts():
@@ -176,9 +139,8 @@ def test_a_skipping_policy_weighs_the_lengths_again_only_after_a_round_that_draf
         policy.costs.record(length, seconds)
     weighed, predict = [], policy.costs.predict
     policy.costs.predict = lambda lengths: weighed.append(len(lengths)) or predict(lengths)
-    assert policy.next_length(allow_skip=True) == 0
-    gap = policy.probe_gap
-    assert [policy.next_length(allow_skip=True) for _ in range(gap - 1)] == [0] * (gap - 2) + [1]
+    every = DraftLengthPolicy.probe_every
+    assert [policy.next_length(allow_skip=True) for _ in range(every)] == [0] * (every - 1) + [1]
     assert len(weighed) == 1
     for _ in range(10):  # the probe and the rounds after it: accepted, and verification cheap after all
         policy.update(1, 1, 1.0)
@@ -219,9 +181,7 @@ def test_drop_in_path_shortens_drafts_that_are_rejected_and_stays_exact(no_wall_
             plain = verifier.generate(prompt, max_new_tokens=60, do_sample=False, eos_token_id=None)
             assert out.tolist() == plain.tolist()
     later = sorted(drafts[untrained][len(drafts[untrained]) // 2:])
-    print("UNTRAINED", drafts[untrained], "TRAINED", drafts[trained])
-    # short probes (the length that loses least: 2 here, where the drafter's call costs most of a round)
-    assert later[len(later) // 2] <= 2, drafts[untrained]
+    assert later[len(later) // 2] <= 1, drafts[untrained]  # one-token probes
     lengths = drafts[trained]  # most drafted tokens in long drafts (the last rounds are cut by max_new_tokens)
     assert sum(g for g in lengths if g >= 8) >= sum(lengths) / 2, lengths
     untrained.generation_config.num_assistant_tokens_schedule = "constant"  # the user's opt-out: what is asked
@@ -277,7 +237,7 @@ def test_k1_loop_skips_drafting_where_it_does_not_pay_and_probes_now_and_then(no
     drafter = tiny_drafter(verifier, block_size=8)
     stats = hf_specdiff.SpecDiffStats()
     out = hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=40, do_sample=False, eos_token_id=None,
-                               stats=stats, cost_profile=COSTLY_TOKENS)
+                               stats=stats, cost_profile=DEAR_TOKENS)
     assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=40, do_sample=False,
                                              eos_token_id=None).tolist()
     drafting_rounds = stats.drafted[0] if stats.drafted else 0
@@ -288,17 +248,16 @@ def test_a_draft_the_tree_budget_cuts_whole_counts_as_a_skip_and_the_probes_keep
     policy = DraftLengthPolicy(8, costs=RoundCosts(prior=CostProfile({1: 1.0, 2: 1.01, 16: 1.1}).round_seconds))
     assert policy.next_length(allow_skip=True) > 0  # untried, verification nearly free: it drafts
     policy.decline()
-    every, probe = DraftLengthPolicy.probe_every, policy.probe_length  # verifying is cheap: a long probe
-    assert [policy.next_length(allow_skip=True) for _ in range(every)] == [0] * (every - 1) + [probe] and probe > 1
-    policy.update(probe, probe)  # the probe, verified
+    every = DraftLengthPolicy.probe_every
+    assert [policy.next_length(allow_skip=True) for _ in range(every)] == [0] * (every - 1) + [1]
+    policy.update(1, 1)  # the probe, verified
     assert policy.next_length(allow_skip=True) > 0
     policy.decline()  # cut again: the gap the probe doubled stands
-    probe = policy.probe_length
-    assert [policy.next_length(allow_skip=True) for _ in range(2 * every)] == [0] * (2 * every - 1) + [probe]
-    policy.update(probe, probe)
+    assert [policy.next_length(allow_skip=True) for _ in range(2 * every)] == [0] * (2 * every - 1) + [1]
+    policy.update(1, 1)
     policy.next_length(allow_skip=True)
-    policy.update(3, 3)  # a drafting round verified: the gap is no longer doubled
-    assert policy.failed_probes == 0
+    policy.update(3, 3)  # a drafting round verified: probes start again from the shortest gap
+    assert policy.probe_gap == every
 
 
 def test_k1_loop_calls_the_drafter_for_probes_only_while_the_tree_budget_cuts_its_drafts(no_wall_clock, monkeypatch):
@@ -338,7 +297,7 @@ def test_drop_in_path_skips_drafting_where_it_does_not_pay_greedy_only(condition
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier, block_size=8, conditioned=conditioned)
     drafter.assistant_lookup_tokens = 0
-    paired(verifier, drafter, COSTLY_TOKENS)
+    paired(verifier, drafter, DEAR_TOKENS)
     lengths = []
     out = drop_in(verifier, drafter, PROMPTS[:1], lengths)
     assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=60, do_sample=False,

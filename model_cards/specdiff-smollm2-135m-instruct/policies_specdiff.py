@@ -6,8 +6,6 @@ prompt lookup's draft instead).
 This file ships to the Hub as remote code: it imports only torch and transformers.
 """
 
-import math
-
 import torch
 
 from .costs_specdiff import RoundCosts, device_clock
@@ -49,15 +47,12 @@ class DraftLengthPolicy:
     first position is accepted half the time); its costs start from this machine's `CostProfile` where one is given.
 
     A loop that can run a round without a draft (a plain step) asks `next_length(allow_skip=True)`: it may get 0,
-    except for a probe round, which drafts anyway so that acceptance keeps being measured. A probe drafts the length
-    that loses least (the best drafting length: where a 4-token forward costs less than a 2-token one, it drafts 3),
-    after enough skipped rounds that what it is expected to lose (its cost in plain steps minus the tokens it is
-    expected to bring) is at most `probe_budget` of their time, and at least `probe_every` rounds; each probe after
-    which drafting still does not pay doubles the gap, up to `max_probe_every`; a drafting round undoes the doubling.
-    So probes are frequent where verifying is nearly free and rare where it is dear. While it skips, the decision
-    stands until a round drafts (a probe): a skipped round adds only a plain step's time, which hardly moves it, and
-    weighing every length costs about 0.3 ms, a few tenths of a percent of a step. A loop that cut the whole draft
-    it asked for says so (`decline`): that counts as a skip.
+    except for a probe round, which drafts 1 token so that acceptance keeps being measured. The first probe comes
+    after `probe_every` skipped rounds; each probe after which drafting still does not pay doubles the gap, up to
+    `max_probe_every` (a probe costs more than it brings, or it would not be skipping); a drafting round brings the
+    gap back to `probe_every`. While it skips, the decision stands until a round drafts (a probe): a skipped round
+    adds only a plain step's time, which hardly moves it, and weighing every length costs about 0.3 ms, a few tenths
+    of a percent of a step. A loop that cut the whole draft it asked for says so (`decline`): that counts as a skip.
 
     Without a profile, while it drafts, such a loop takes a plain step now and then to measure what one costs (every
     `probe_every`-th round until `plain_samples` are measured, then every `plain_every`-th): without that, a plain
@@ -66,7 +61,6 @@ class DraftLengthPolicy:
 
     probe_every = 8
     max_probe_every = 64
-    probe_budget = 0.02
     plain_samples = 4
     plain_every = 64
 
@@ -77,11 +71,9 @@ class DraftLengthPolicy:
         self.acceptance = AcceptanceRates(max_length)
         self.costs = costs if costs is not None else RoundCosts(prior_slope)
         self.skipped = 0
-        self.probe_gap = self.probe_every  # skipped rounds before the next probe
-        self.probe_length = 1
-        self.failed_probes = 0  # probes since the last drafting round
+        self.probe_gap = self.probe_every
         self.skipping = False  # the last decision with allow_skip was 0, and nothing has drafted since
-        self.probing = False  # the last decision was a probe: its draft is to be verified, whatever it costs
+        self.probing = False  # the last decision was a probe: its token is to be verified, whatever it costs
         self.since_plain = 0  # rounds that could have skipped and drafted, since the last plain step
 
     def next_length(self, allow_skip: bool = False) -> int:
@@ -89,35 +81,19 @@ class DraftLengthPolicy:
         if self.fixed is not None:
             return self.fixed
         if not (allow_skip and self.skipping):
-            lengths, expected, cost = self._weigh(allow_skip)
-            best = int(lengths[(expected / cost).argmax()])
+            best = self.best(allow_skip)[0]
             if best and allow_skip and self._measure_plain_step():
                 return 0
             if best:
                 self.skipped = 0
                 return best
             self.skipping = True
-            self._plan_probe(expected, cost)
         self.skipped += 1
         if self.skipped < self.probe_gap:
             return 0
-        self.skipped, self.failed_probes = 0, self.failed_probes + 1
+        self.skipped, self.probe_gap = 0, min(2 * self.probe_gap, self.max_probe_every)
         self.probing = True
-        return self.probe_length
-
-    def _weigh(self, allow_skip: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(lengths, expected tokens, predicted cost) of every draft length the round may take (0 if `allow_skip`)."""
-        lengths = torch.arange(0 if allow_skip else 1, self.max_length + 1)
-        return lengths, self.expected_tokens(lengths), self.costs.predict(lengths)
-
-    def _plan_probe(self, expected: torch.Tensor | None = None, cost: torch.Tensor | None = None):
-        """Set the next probe's length and gap from the weighed lengths 0..max_length (weighed here if not given)."""
-        if expected is None:
-            _, expected, cost = self._weigh(allow_skip=True)
-        length = int((expected[1:] / cost[1:]).argmax()) + 1
-        loss = float(cost[length] / cost[0] - expected[length])  # in plain steps
-        gap = max(self.probe_every, math.ceil(loss / self.probe_budget)) * 2 ** self.failed_probes
-        self.probe_length, self.probe_gap = length, min(gap, self.max_probe_every)
+        return 1
 
     def _measure_plain_step(self) -> bool:
         """Whether this round, which would draft, is a plain step taken to measure one (never with a cost prior,
@@ -134,17 +110,14 @@ class DraftLengthPolicy:
     def best(self, allow_skip: bool = False) -> tuple[int, float]:
         """The draft length with the most expected tokens per unit of measured round cost (0 only if `allow_skip`),
         and that rate: in tokens per second once a drafting round was timed (`timed`)."""
-        lengths, expected, cost = self._weigh(allow_skip)
-        rate = expected / cost
+        lengths = torch.arange(0 if allow_skip else 1, self.max_length + 1)
+        rate = self.tokens_per_second(lengths)
         return int(lengths[rate.argmax()]), float(rate.max())
 
     def tokens_per_second(self, lengths: torch.Tensor) -> torch.Tensor:
         """Expected tokens of a round drafting each of `lengths`, over its predicted cost."""
-        return self.expected_tokens(lengths) / self.costs.predict(lengths)
-
-    def expected_tokens(self, lengths: torch.Tensor) -> torch.Tensor:
-        """Expected tokens of a round drafting each of `lengths`, the verifier's own token included."""
-        return 1 + torch.cat([torch.zeros(1), self.acceptance.rates().cumprod(0)]).cumsum(0)[lengths]
+        expected = 1 + torch.cat([torch.zeros(1), self.acceptance.rates().cumprod(0)]).cumsum(0)[lengths]
+        return expected / self.costs.predict(lengths)
 
     @property
     def timed(self) -> bool:
@@ -157,15 +130,14 @@ class DraftLengthPolicy:
         pay for verifying them): skip until the next probe, as if `next_length` had said 0, the probes' gap kept.
         Otherwise a drafter whose drafts were always cut paid its forward every round and learnt nothing."""
         self.skipping, self.skipped = True, 0
-        self._plan_probe()
 
     def update(self, num_drafted: int, num_accepted: int, seconds: float | None = None):
         """Record one round: how many tokens were drafted and accepted, and (if timed) the round's seconds."""
         if num_drafted:
             self.acceptance.update(num_drafted, num_accepted)
             self.skipping = False
-            if not self.probing:  # a drafting round: the probes' gap is no longer doubled
-                self.failed_probes = 0
+            if not self.probing:  # a drafting round: probes start again from the shortest gap
+                self.probe_gap = self.probe_every
         if seconds is not None:
             self.costs.record(num_drafted, seconds)
 
