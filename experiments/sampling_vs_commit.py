@@ -1,11 +1,12 @@
 """Sampling with this checkout's run-time code (the drafter's remote code and the tree loop `decoding.py`) against
-an earlier commit's, for the shipped method (K=4 + lookup) and the drop-in path (`assistant_model=`, each
-commit with a drafter of its own, so that their draft-length policies learn their own rounds), next to plain
-sampling and transformers' prompt lookup: one process, methods interleaved per prompt (order reversed every other
-prompt), every method of a prompt from the same seed. Sampled texts differ between methods, so speed is summed
-tokens over summed seconds per method. `--temperature 0` compares greedy decoding the same way. Usage:
+an earlier commit's, for the shipped method (K=4 + lookup), the drafter alone (K=1) and the drop-in path
+(`assistant_model=`, each commit with a drafter of its own, so that their draft-length policies learn their own
+rounds), next to plain sampling and transformers' prompt lookup: one process, methods interleaved per prompt (order
+reversed every other prompt), every method of a prompt from the same seed. Sampled texts differ between methods, so
+speed is summed tokens over summed seconds per method. `--temperature 0` compares greedy decoding the same way. Usage:
 
     python experiments/sampling_vs_commit.py aea45d7 --per-category 2 --max-new-tokens 128 --out results.json
+    python experiments/sampling_vs_commit.py 745885f --temperature 0 --dtype fp32 --categories coding,writing --out r.json
 """
 
 import argparse
@@ -24,6 +25,8 @@ from hf_specdiff.tools.bench import read_spec_bench
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.tools.shipped import shipped_drafter_path
 from hf_specdiff.tools.verifiers import load_verifier
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def remote_code_at(commit: str) -> list[str]:
@@ -74,16 +77,19 @@ def main():
     parser.add_argument("--temperature", type=float, default=0.7, help="0: greedy (each method's own bf16 text)")
     parser.add_argument("--top-p", type=float, default=0.9)
     parser.add_argument("--seed", type=int, default=0, help="prompt i samples from seed 1000 * seed + i")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--categories", help="comma-separated Spec-Bench categories (default: all)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     torch.set_num_threads(2)
-    verifier, tokenizer = load_verifier(args.verifier, dtype=torch.bfloat16)
+    dtype = DTYPES[args.dtype]
+    verifier, tokenizer = load_verifier(args.verifier, dtype=dtype)
     then = package_at(args.commit)
     earlier = importlib.import_module(f"{then.__name__}.decoding")
     drafter_class_then = importlib.import_module(f"{then.__name__}.modeling_specdiff").SpecDiffDrafter
     drafter_path = args.drafter or shipped_drafter_path()
-    drafter = SpecDiffDrafter.from_pretrained(drafter_path).eval()
-    drafter_then = drafter_class_then.from_pretrained(drafter_path).eval()
+    drafter = SpecDiffDrafter.from_pretrained(drafter_path, dtype=dtype).eval()
+    drafter_then = drafter_class_then.from_pretrained(drafter_path, dtype=dtype).eval()
     forwards = []
     verifier.register_forward_hook(lambda *_: forwards.append(1))
     sampling = dict(do_sample=True, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens) \
@@ -94,12 +100,17 @@ def main():
         "prompt lookup": lambda x: verifier.generate(**x, **sampling, prompt_lookup_num_tokens=10),
         f"drop-in at {args.commit}": lambda x: drop_in(verifier, drafter_then, x, sampling),
         "drop-in, this checkout": lambda x: drop_in(verifier, drafter, x, sampling),
+        f"K=1 at {args.commit}": lambda x: earlier.generate(verifier, drafter_then, **x, **sampling, num_drafts=1),
+        "K=1, this checkout": lambda x: hf_specdiff.generate(verifier, drafter, **x, **sampling, num_drafts=1),
         f"K=4 + lookup at {args.commit}": lambda x: earlier.generate(verifier, drafter_then, **x, **sampling, **shipped),
         "K=4 + lookup, this checkout": lambda x: hf_specdiff.generate(verifier, drafter, **x, **sampling, **shipped),
     }
+    prompts = read_spec_bench(args.prompts, args.per_category)
+    if args.categories:
+        prompts = [prompt for prompt in prompts if prompt["category"] in args.categories.split(",")]
     totals = {name: [0, 0.0, 0] for name in methods}  # tokens, seconds, verifier forwards
     rows = []
-    for index, prompt in enumerate(read_spec_bench(args.prompts, args.per_category)):
+    for index, prompt in enumerate(prompts):
         inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt["prompt"]}],
                                                add_generation_prompt=True, return_tensors="pt", return_dict=True)
         row = {"category": prompt["category"]}

@@ -335,25 +335,30 @@ def test_drop_in_rounds_that_skip_drafting_propose_prompt_lookup_drafts_and_stay
         hook.remove()
     assert out.tolist() == verifier.generate(prompt, max_new_tokens=60, do_sample=False, eos_token_id=None).tolist()
     assert len(forwards) < 60 / 1.5 and len(lengths) <= 60 // DraftLengthPolicy.probe_every + 1, (forwards, lengths)
-    assert float(rounds[0].lookup_policy.acceptance.accepted[0]) > 0
+    assert sum(float(policy.acceptance.accepted[0]) for policy in rounds[0].lookup_policies) > 0
     assert float(rounds[0].policy.acceptance.reached[0]) <= len(lengths)
 
 
 def test_drop_in_rounds_propose_prompt_lookup_where_it_is_expected_to_pay_more_than_the_drafter():
-    """A round where the drafter would draft proposes prompt lookup's draft instead when the lookup policy expects
-    more tokens per second (or was never timed), and the drafter's draft when it expects fewer."""
-    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6]])  # lookup: [7, 8, 9, 5, 6]
-    drafter_policy, lookup_policy = DraftLengthPolicy(8), DraftLengthPolicy(10)
+    """A round where the drafter would draft proposes prompt lookup's draft instead when the policy of the n-gram it
+    matched expects more tokens per second (or was never timed), and the drafter's draft when it expects fewer."""
+    ids = torch.tensor([[5, 6, 7, 8, 9, 5, 6]])  # lookup after the bigram "5 6": [7, 8, 9, 5, 6]
+    drafter_policy = DraftLengthPolicy(8)
+    unigram, bigram, trigram = (DraftLengthPolicy(10, costs=costs) for costs in [RoundCosts()] * 3)
     for g, seconds in ((0, 1.0), (2, 1.5), (4, 1.7)):
         drafter_policy.update(g, g // 2, seconds)  # half its drafts accepted, some tokens a round
-    rounds = AssistantRounds(drafter_policy, lookup_policy)
+    rounds = AssistantRounds(drafter_policy, [unigram, bigram, trigram])
     length, lookup = rounds.next_draft(ids, 8, allow_skip=True)  # lookup never timed: tried
-    assert length == 0 and lookup and lookup == [7, 8, 9, 5, 6][:len(lookup)] and rounds.source is lookup_policy
-    for _ in range(20):  # lookup drafts rejected at once, at a plain step's cost
-        lookup_policy.update(4, 0, 1.1)
+    assert length == 0 and lookup and lookup == [7, 8, 9, 5, 6][:len(lookup)] and rounds.source is bigram
+    for _ in range(20):  # bigram drafts rejected at once, at a plain step's cost
+        bigram.update(4, 0, 1.1)
     length, lookup = rounds.next_draft(ids, 8, allow_skip=True)
     assert length > 0 and lookup == [] and rounds.source is drafter_policy
-    for _ in range(40):  # lookup drafts accepted whole
-        lookup_policy.update(5, 5, 1.1)
+    for _ in range(40):  # unigram drafts accepted whole: not the bigram's
+        unigram.update(5, 5, 1.1)
+    assert rounds.next_draft(ids, 8, allow_skip=True)[0] > 0
+    for _ in range(40):  # bigram drafts accepted whole
+        bigram.update(5, 5, 1.1)
     assert rounds.next_draft(ids, 8, allow_skip=True) == (0, [7, 8, 9, 5, 6])
     assert rounds.next_draft(torch.tensor([[5, 6, 7, 8]]), 8, allow_skip=True)[0] > 0  # no lookup draft here
+    assert rounds.next_draft(torch.tensor([[5, 6, 7, 5]]), 8, allow_skip=True) == (0, [6, 7, 5])  # unigram "5"

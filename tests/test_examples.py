@@ -138,10 +138,10 @@ def test_sampling_vs_commit(models, tmp_path):
         "--out", str(tmp_path / "sampling.json"))
     saved = json.loads((tmp_path / "sampling.json").read_text())
     assert set(saved["summary"]) == {"plain", "prompt lookup", "drop-in at HEAD", "drop-in, this checkout",
-                                     "K=4 + lookup at HEAD", "K=4 + lookup, this checkout"}
+                                     "K=1 at HEAD", "K=1, this checkout", "K=4 + lookup at HEAD", "K=4 + lookup, this checkout"}
     assert saved["summary"]["plain"]["tau"] == 1.0 and len(saved["prompts"]) == 2
     rows = [row for prompt in saved["prompts"] for key, row in prompt.items() if key != "category"]
-    assert len(rows) == 12 and all(1 <= row["tokens"] <= 12 for row in rows)  # a sampled answer may end early
+    assert len(rows) == 16 and all(1 <= row["tokens"] <= 12 for row in rows)  # a sampled answer may end early
 
 
 def test_lookup_acceptance_by_ngram(models, tmp_path):

@@ -109,7 +109,7 @@ def test_drop_in_lookup_rounds_sample_the_target(setup, lookup_setup, monkeypatc
     monkeypatch.setattr(policies.AssistantRounds, "__init__", lambda self, *a: rounds.append(self) or init(self, *a))
     pairs = sample_lookup_pairs(verifier, drafter, prompt)
     assert chi_square_pvalue(pairs, exact) > 1e-3
-    assert sum(float(r.lookup_policy.acceptance.reached[0]) for r in rounds) > 0  # lookup rounds ran
+    assert sum(float(p.acceptance.reached[0]) for r in rounds for p in r.lookup_policies) > 0  # lookup rounds ran
 
 
 def test_chi_square_catches_lookup_rounds_scored_as_uniform(setup, lookup_setup, monkeypatch):

@@ -35,7 +35,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from .configuration_specdiff import SpecDiffConfig
 from .costs_specdiff import CostProfile, RoundCosts, cost_profile
 from .generation_specdiff import SpecDiffCache, VerifierFeatures, VerifierHooks, draft_block, point_mass_scores
-from .policies_specdiff import LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, DraftLengthPolicy
+from .policies_specdiff import LOOKUP_NGRAM, LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, DraftLengthPolicy
 
 # The field outputs hold the cache in: `cache` from transformers 5.24 on (the old name still works, with a warning).
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -561,6 +561,14 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         prior = None if profile is None else functools.partial(profile.round_seconds, drafted=drafted)
         return DraftLengthPolicy(max_length or self.config.max_draft_tokens, fixed, costs=RoundCosts(prior=prior))
 
+    def new_lookup_policies(self, max_length: int, profile: CostProfile | None) -> list[DraftLengthPolicy]:
+        """Fresh policies for prompt lookup's drafts of at most `max_length` tokens (none if 0), one per n-gram size
+        n = 1..`LOOKUP_NGRAM` matched, sharing one `RoundCosts` (a lookup round costs the same whatever it matched)."""
+        if not max_length:
+            return []
+        first = self.new_length_policy(max_length, profile=profile, drafted=False)
+        return [first] + [DraftLengthPolicy(max_length, costs=first.costs) for _ in range(LOOKUP_NGRAM - 1)]
+
     @staticmethod
     def new_round_costs(profile: CostProfile | None) -> RoundCosts:
         """Fresh measured costs of tree rounds by nodes verified, from `profile`'s verifier forwards (the drafter's
@@ -580,10 +588,8 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             return None
         if cache.assistant_rounds is None:  # a new generation
             profile = self.cost_profile()
-            lookup_tokens = self.assistant_lookup_tokens
-            lookup_policy = self.new_length_policy(lookup_tokens, profile=profile, drafted=False) \
-                if lookup_tokens else None
-            cache.assistant_rounds = AssistantRounds(self.new_length_policy(profile=profile), lookup_policy)
+            lookup_policies = self.new_lookup_policies(self.assistant_lookup_tokens, profile)
+            cache.assistant_rounds = AssistantRounds(self.new_length_policy(profile=profile), lookup_policies)
         return cache.assistant_rounds
 
     @torch.no_grad()
