@@ -33,11 +33,11 @@ class RoundRecorder:
         self.prune, self.learn = decoding.TreeDecoding._prune, decoding.TreeDecoding.learn
         recorder, tree_budget = self, decoding.tree_budget
 
-        def prune(tree_decoding, lookup, lookup_acceptance, draft_scores):
-            rows, scores = tree_decoding.candidates(lookup, lookup_acceptance, draft_scores)
+        def prune(tree_decoding, lookup, draft_scores):
+            rows, scores = tree_decoding.candidates(lookup, draft_scores)
             branches = ["lookup"] * len(lookup) + ["drafter"] * (len(rows) - len(lookup))
             recorder.candidates = list(zip(branches, rows, scores))
-            return recorder.prune(tree_decoding, lookup, lookup_acceptance, draft_scores)
+            return recorder.prune(tree_decoding, lookup, draft_scores)
 
         def budget(probs, costs, max_nodes):
             n = tree_budget(probs, costs, max_nodes)

@@ -6,7 +6,7 @@ import os
 
 import pytest
 import torch
-from transformers import DynamicCache, GenerationConfig, StopStringCriteria
+from transformers import StopStringCriteria
 
 import hf_specdiff
 import hf_specdiff.decoding as decoding
@@ -283,9 +283,9 @@ def test_a_lookup_branch_pruned_away_after_misses_comes_back_when_it_is_right(tr
     def oracle(ids, num_tokens, num_drafts=1, max_ngram=3):  # the first 8 drafts wrong at their first token, then right
         calls.append(1)
         future = plain[ids.shape[0]:ids.shape[0] + num_tokens]
-        return 3, [[(t + 1) % 96 for t in future] if len(calls) <= 8 else future]  # as if after a trigram
+        return [[(t + 1) % 96 for t in future] if len(calls) <= 8 else future]
 
-    monkeypatch.setattr(decoding, "prompt_lookup_by_ngram", oracle)
+    monkeypatch.setattr(decoding, "prompt_lookup", oracle)
     profile = CostProfile({1: 1.0, 2: 1.3, 11: 1.5})  # a node is dear at first, the next ones cheap
     monkeypatch.setattr(RoundCosts, "record", lambda *args: None)  # no wall-clock in the test
     stats = hf_specdiff.SpecDiffStats()
@@ -303,33 +303,9 @@ def test_an_older_matchs_lookup_draft_starts_less_likely_than_the_latest(trained
                                           max_tree_nodes=None, streamer=None, stats=hf_specdiff.SpecDiffStats())
     lookups = decoding.prompt_lookup(ids, 2, 3)
     assert lookups == [[9, 5], [8, 5], [7, 5]]
-    _, path_scores = tree_decoding.candidates(lookups, tree_decoding.lookup_acceptance[2], None)
+    _, path_scores = tree_decoding.candidates(lookups, None)
     first = [round(math.exp(scores[0]), 3) for scores in path_scores]
     assert first == [0.5, 0.25, round(0.5 / 3, 3)]
-
-
-def test_lookup_drafts_are_scored_by_the_acceptance_of_the_ngram_size_they_followed(trained, monkeypatch):
-    """Rejected drafts that followed a single token leave the score of those that follow a trigram as it was."""
-    verifier, drafter = trained("llama")
-    config = GenerationConfig(max_length=64, do_sample=False)
-    tree_decoding = decoding.TreeDecoding(verifier, drafter, config, [], [], num_drafts=1, draft_length=None,
-                                          lookup_tokens=2, num_lookup_drafts=1, max_tree_nodes=None, streamer=None,
-                                          stats=hf_specdiff.SpecDiffStats(),
-                                          cost_profile=CostProfile({1: 1.0, 2: 1.3, 11: 1.5}))  # a node is dear
-    monkeypatch.setattr(tree_decoding.length_policy, "next_length", lambda allow_skip: 0)
-
-    def draft_round(ids):
-        tree_decoding.host_ids = torch.tensor(ids)
-        return tree_decoding.draft_tree(tree_decoding.host_ids[None], DynamicCache())
-
-    unigram = draft_round([5, 7, 8, 5])  # "5" was followed by "7 8"
-    assert unigram.lookups == [[7, 8]]
-    for _ in range(20):  # the verifier never takes them
-        tree_decoding.learn_lookup(unigram.lookups, unigram.lookup_acceptance, [9, 9])
-    trigram = draft_round([4, 5, 6, 7, 8, 4, 5, 6])  # "4 5 6" was followed by "7 8"
-    scores = [tree_decoding.candidates(r.lookups, r.lookup_acceptance, None)[1][0][0] for r in (unigram, trigram)]
-    assert math.exp(scores[0]) < 0.1 and math.exp(scores[1]) == pytest.approx(0.5)
-    assert len(trigram.tree) > 0 and len(draft_round([5, 7, 8, 5]).tree) == 0  # only the unigram draft is pruned
 
 
 @pytest.mark.parametrize("num_drafts", [1, 4])

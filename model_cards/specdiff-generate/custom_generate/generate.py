@@ -65,9 +65,6 @@ DEFAULT_MAX_TREE_NODES = 15
 # verifier keeps whichever agrees longest (docs/benchmarks.md: tau and speed against a single lookup draft).
 DEFAULT_NUM_LOOKUP_DRAFTS = 4
 
-# Lookup drafts follow the longest n-gram ending the context, n <= this, that occurred earlier.
-LOOKUP_NGRAM = 3
-
 
 def device_clock(device: torch.device | str) -> float:
     """`time.perf_counter()` once the work queued on `device` has run (a copy of `costs_specdiff.device_clock`:
@@ -272,17 +269,10 @@ def sample_drafts(scores: torch.Tensor, k: int) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).clamp_max(cdf.shape[-1] - 1).T
 
 
-def prompt_lookup(ids: torch.Tensor, num_tokens: int, num_drafts: int = 1, max_ngram: int = LOOKUP_NGRAM
-                  ) -> list[list[int]]:
+def prompt_lookup(ids: torch.Tensor, num_tokens: int, num_drafts: int = 1, max_ngram: int = 3) -> list[list[int]]:
     """Prompt-lookup decoding's drafts, made from the context `ids` [L] alone: the up to `num_tokens` tokens that
     followed each earlier occurrence of the longest n-gram (n <= max_ngram) ending it, latest first, up to
     `num_drafts` distinct ones."""
-    return prompt_lookup_by_ngram(ids, num_tokens, num_drafts, max_ngram)[1]
-
-
-def prompt_lookup_by_ngram(ids: torch.Tensor, num_tokens: int, num_drafts: int = 1, max_ngram: int = LOOKUP_NGRAM
-                           ) -> tuple[int, list[list[int]]]:
-    """`prompt_lookup`'s drafts and the size n of the n-gram they follow (0 where there are none)."""
     for n in range(min(max_ngram, ids.shape[0] - 1), 0, -1):
         windows = ids[:-1].unfold(0, n, 1)  # every n-gram that has a token after it
         hits = (windows == ids[-n:]).all(-1).nonzero().flatten().tolist()
@@ -294,8 +284,8 @@ def prompt_lookup_by_ngram(ids: torch.Tensor, num_tokens: int, num_drafts: int =
                 if len(drafts) == num_drafts:
                     break
         if drafts:
-            return n, drafts
-    return 0, []
+            return drafts
+    return []
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -522,7 +512,6 @@ class TreeRound:
     committed: torch.Tensor  # [1, c] the committed tokens the verifier has not read yet
     past: int  # the verifier's cache length before this round
     lookups: list[list[int]]  # the prompt-lookup drafts as proposed (the tree holds what pruning kept of them)
-    lookup_acceptance: list  # AcceptanceRates of each lookup draft: its rank's, for the n-gram size it followed
     drafts: list | torch.Tensor  # the drafter's drafts in the tree (possibly pruned)
     draft_scores: torch.Tensor | None  # [g, V] the drafter's processed logits; None if it did not draft
     tree: DraftTree
@@ -550,13 +539,11 @@ class TreeDecoding:
         self.cost_profile = cost_profile
         self.length_policy = drafter.new_length_policy(fixed=draft_length, profile=cost_profile)
         self.round_costs = drafter.new_round_costs(cost_profile)  # of greedy rounds by nodes verified, for tree_budget
-        # by depth, for each n-gram size the lookup drafts followed (what followed a trigram is accepted far more
-        # often than what followed a single token: on SmolLM2's Spec-Bench outputs the first token 78% against 22%)
-        # and for the latest match's draft, the one before it, ...: an untried one at 0.5 / (rank + 1), as an older
-        # match is less likely to continue as the text does (at 0.5 each, 2-3 untried drafts of one summary's rounds
-        # summed to a tree that cost twice a plain step and brought half a token)
-        self.lookup_acceptance = {n: [drafter.new_acceptance_rates(lookup_tokens, first_prior=0.5 / (rank + 1))
-                                      for rank in range(self.num_lookup_drafts)] for n in range(1, LOOKUP_NGRAM + 1)}
+        # by depth, for the latest match's draft, the one before it, ...: an untried one at 0.5 / (rank + 1), as an
+        # older match is less likely to continue as the text does (at 0.5 each, 2-3 untried drafts of one summary's
+        # rounds summed to a tree that cost twice a plain step and brought half a token)
+        self.lookup_acceptance = [drafter.new_acceptance_rates(lookup_tokens, first_prior=0.5 / (rank + 1))
+                                  for rank in range(self.num_lookup_drafts)]
         self.drafter_cache = drafter.new_cache()
         self.output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
         self.scores: list[torch.Tensor] = []
@@ -596,12 +583,11 @@ class TreeDecoding:
         num_tokens = min(self.length_policy.next_length(allow_skip=True), room)  # 0: the drafter does not pay
         if num_tokens and self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
             num_tokens = 0  # the verifier reads the prompt first
-        ngram, lookups = prompt_lookup_by_ngram(self.host_ids, min(self.lookup_tokens, room), self.num_lookup_drafts) \
-            if self.lookup_tokens and room > 0 else (0, [])
-        lookup_acceptance = self.lookup_acceptance.get(ngram, [])
+        lookups = prompt_lookup(self.host_ids, min(self.lookup_tokens, room), self.num_lookup_drafts) \
+            if self.lookup_tokens and room > 0 else []
         kept = lookups
         if self.do_sample:
-            num_tokens, kept = self._plan_sampling(num_tokens, lookups, lookup_acceptance)
+            num_tokens, kept = self._plan_sampling(num_tokens, lookups)
         drafts, draft_scores = [], None
         if num_tokens > 0:
             single = self.num_drafts == 1  # one draft, in the drafter's own steps; K drafts from one forward's marginals
@@ -613,11 +599,11 @@ class TreeDecoding:
             if self.do_sample:
                 drafts = draft.cpu() if single else sample_drafts(draft_scores, self.num_drafts)
         if not self.do_sample and (lookups or draft_scores is not None):  # keep the nodes likeliest accepted
-            kept, drafts = self._prune(lookups, lookup_acceptance, draft_scores)
+            kept, drafts = self._prune(lookups, draft_scores)
             if self.length_policy.probing and draft_scores is not None and not any(drafts):
                 drafts = [[int(draft_scores[0].argmax())]]  # a probe's token is verified: it measures acceptance
         tree = DraftTree.from_drafts(drafts, fixed=kept)
-        return TreeRound(input_ids[:, past:], past, lookups, lookup_acceptance, drafts, draft_scores, tree,
+        return TreeRound(input_ids[:, past:], past, lookups, drafts, draft_scores, tree,
                          host_to_device(tree.tokens, input_ids.device), started)
 
     def _tree_budget(self):
@@ -629,31 +615,27 @@ class TreeDecoding:
             return None, self.length_policy.fixed
         return self.round_costs, DEFAULT_MAX_TREE_NODES
 
-    def _plan_sampling(self, num_tokens: int, lookups: list[list[int]], lookup_acceptance: list
-                       ) -> tuple[int, list[list[int]]]:
+    def _plan_sampling(self, num_tokens: int, lookups: list[list[int]]) -> tuple[int, list[list[int]]]:
         """Sampling: the drafter's draft length (at most `num_tokens`) and the lookup drafts cut to their depths
-        (`sampling_plan`), from measured acceptance (the lookup drafts' in `lookup_acceptance`) and round costs."""
-        lookup_rates = [rates.rates()[:len(row)] for row, rates in zip(lookups, lookup_acceptance)]
+        (`sampling_plan`), from measured acceptance and round costs."""
+        lookup_rates = [rates.rates()[:len(row)] for row, rates in zip(lookups, self.lookup_acceptance)]
         num_tokens, depths = sampling_plan(self.length_policy.acceptance.rates()[:num_tokens], self.num_drafts,
                                            lookup_rates, *self._tree_budget())
         return num_tokens, [row[:depth] for row, depth in zip(lookups, depths)]
 
-    def _prune(self, lookups: list[list[int]], lookup_acceptance: list, draft_scores: torch.Tensor | None
-               ) -> tuple[list, list]:
+    def _prune(self, lookups: list[list[int]], draft_scores: torch.Tensor | None) -> tuple[list, list]:
         """Greedy: the K likeliest drafts under the marginals and the lookup drafts, cut to the best tree nodes."""
-        rows, path_scores = self.candidates(lookups, lookup_acceptance, draft_scores)
+        rows, path_scores = self.candidates(lookups, draft_scores)
         costs, max_nodes = self._tree_budget()
         rows = prune_drafts(rows, path_scores, max_nodes, costs=costs)
         return rows[:len(lookups)], rows[len(lookups):]
 
-    def candidates(self, lookups: list[list[int]], lookup_acceptance: list, draft_scores: torch.Tensor | None
-                   ) -> tuple[list[list[int]], list]:
+    def candidates(self, lookups: list[list[int]], draft_scores: torch.Tensor | None) -> tuple[list[list[int]], list]:
         """The candidate rows (the lookup drafts first, then the K likeliest drafts under the marginals) and, for
-        each, the log-probability that each of its prefixes is accepted (each lookup draft's measured rates, in
-        `lookup_acceptance`)."""
+        each, the log-probability that each of its prefixes is accepted (each lookup draft's measured rates)."""
         rows = list(lookups)
         path_scores = [rates.rates()[:len(row)].log().cumsum(0).tolist()
-                       for row, rates in zip(lookups, lookup_acceptance)]
+                       for row, rates in zip(lookups, self.lookup_acceptance)]
         if draft_scores is not None:
             drafts, draft_path_scores = top_k_drafts(draft_scores.float().log_softmax(-1), self.num_drafts)
             rows += drafts
@@ -702,7 +684,7 @@ class TreeDecoding:
             else:  # pruned away: the drafter's call did not pay
                 self.length_policy.decline()
         if round_.lookups:
-            self.learn_lookup(round_.lookups, round_.lookup_acceptance, tree.tokens[path].tolist() + [next_token])
+            self.learn_lookup(round_.lookups, tree.tokens[path].tolist() + [next_token])
         if round_.committed.shape[1] == 1:  # a round that read no prompt
             self.learn_costs(round_, device_clock(self.verifier.device) - round_.started)
 
@@ -717,12 +699,11 @@ class TreeDecoding:
             seconds -= float(self.cost_profile.drafter_seconds(torch.tensor([round_.draft_scores.shape[0]]))[0])
         self.round_costs.record(len(round_.tree), seconds)
 
-    def learn_lookup(self, lookups: list[list[int]], lookup_acceptance: list, committed: list[int]):
-        """Each lookup draft's acceptance by depth (into its `lookup_acceptance`), from the verifier's greedy tokens
-        this round, `committed`: as far as they reach, they tell how far the whole proposed draft would have been
-        accepted, however much of it the tree kept. Learning only from the kept part, a branch pruned away after a
-        few misses never came back."""
-        for proposed, rates in zip(lookups, lookup_acceptance):
+    def learn_lookup(self, lookups: list[list[int]], committed: list[int]):
+        """Each lookup draft's acceptance by depth, from the verifier's greedy tokens this round, `committed`: as far
+        as they reach, they tell how far the whole proposed draft would have been accepted, however much of it the
+        tree kept. Learning only from the kept part, a branch pruned away after a few misses never came back."""
+        for proposed, rates in zip(lookups, self.lookup_acceptance):
             known = min(len(proposed), len(committed))
             agreed = 0
             while agreed < known and proposed[agreed] == committed[agreed]:
