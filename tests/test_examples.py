@@ -212,3 +212,17 @@ def test_held_out_acceptance(models, tmp_path):
         "--windows", "64", "--threads", "1")  # another spelling of the same folder: the same held-out rows
     assert json.loads(out.read_text())["data"] == f"{data}," and json.loads(out.read_text())["runs"]["drafter"] == \
         runs["drafter"]
+
+
+@pytest.mark.parametrize("kind", ["drafter", "conditioned"])
+def test_plain_step_overhead(models, kind):
+    from hf_specdiff.policies_specdiff import DraftLengthPolicy
+
+    next_length = DraftLengthPolicy.next_length
+    try:
+        out = run("experiments/plain_step_overhead.py", "--verifier", str(models / "verifier"), "--drafter",
+                  str(models / kind), "--dtype", "fp32", "--prompt", "t5 t9", "--max-new-tokens", "6", "--repeats", "2")
+    finally:
+        DraftLengthPolicy.next_length = next_length
+    assert [line.split(":")[0] for line in out.splitlines()] == ["plain generate", "K=1 loop", "drop-in loop"], out
+    assert "(1.000x plain)" in out.splitlines()[0]
