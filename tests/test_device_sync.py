@@ -123,7 +123,7 @@ def test_a_drop_in_round_reads_the_device_only_in_the_drafters_cache():
 
     reads, _ = _reads_per_round(run, verifier, drafter, prompt)
     ours = {site: count for site, count in reads.items() if site != "outside hf_specdiff"}
-    assert set(ours) <= {"sync", "_check_inputs", "prompt_lookup"}, ours
+    assert set(ours) <= {"sync", "_check_inputs", "prompt_lookup_match", "_lookup_draft"}, ours
 
 
 def test_tree_forwards_on_cuda_keep_sdpa_off_cudnn_and_cpu_forwards_untouched(monkeypatch):
