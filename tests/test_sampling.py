@@ -83,7 +83,7 @@ def lookup_setup(setup):
     candidates = [torch.cat([prompt, torch.tensor([[u, t, prompt[0, -1]]])], dim=1)
                   for u in range(VOCAB) for t in range(VOCAB)]
     with torch.no_grad():
-        p_lookup = [float((verifier(c).logits[0, -1] / 2).softmax(-1)[policies.prompt_lookup(c[0], 1)[0]])
+        p_lookup = [float((verifier(c).logits[0, -1] / 2).softmax(-1)[c[0, policies.prompt_lookup_match(c[0])[1]]])
                     for c in candidates]
     best = min(range(len(candidates)), key=lambda i: abs(p_lookup[i] - 0.5))
     assert 0.1 < p_lookup[best] < 0.9

@@ -151,20 +151,14 @@ LOOKUP_NGRAM = 3
 
 def prompt_lookup_match(ids: torch.Tensor, max_ngram: int = LOOKUP_NGRAM) -> tuple[int, int]:
     """The size n of the longest n-gram (n <= max_ngram) ending the context `ids` [L] that occurred earlier, and where
-    the tokens that followed its latest earlier occurrence start: (0, L) where none did."""
+    the tokens that followed its latest earlier occurrence start: (0, L) where none did. Prompt lookup's draft is
+    what follows from there. (`hf_specdiff.decoding.prompt_lookup`, in a file that ships standalone, returns several
+    such drafts.)"""
     for n in range(min(max_ngram, ids.shape[0] - 1), 0, -1):
         hits = (ids[:-1].unfold(0, n, 1) == ids[-n:]).all(-1).nonzero().flatten()
         if len(hits):
             return n, int(hits[-1]) + n
     return 0, ids.shape[0]
-
-
-def prompt_lookup(ids: torch.Tensor, num_tokens: int, max_ngram: int = LOOKUP_NGRAM) -> list[int]:
-    """Prompt lookup's draft from the context `ids` [L] alone: the up to `num_tokens` tokens that followed the latest
-    earlier occurrence of the longest n-gram (n <= max_ngram) ending it. (`hf_specdiff.decoding.prompt_lookup`, in a
-    file that ships standalone, returns several such drafts.)"""
-    start = prompt_lookup_match(ids, max_ngram)[1]
-    return ids[start:start + num_tokens].tolist()
 
 
 class AssistantRounds:
