@@ -1,5 +1,6 @@
 """What a plain step costs in each loop against plain `generate`: every draft-length decision forced to 0 (no
-drafting, no probes, no lookup drafts), so every round of `hf_specdiff.generate` (K=1) and of the drop-in path is a
+drafting, no probes, no lookup drafts) and every tree budget to 0 nodes, so every round of `hf_specdiff.generate`
+(K=1, and K=4 + lookup, which still finds its lookup drafts and sizes a tree for them) and of the drop-in path is a
 plain step. Per token, the verifier's forwards (hooked, the prompt's left out) and the rest (the loop's bookkeeping,
 the prompt's forward). Where a path stays at tau ~1.0 this is what it loses. Methods interleaved, order reversed
 every other repeat:
@@ -14,6 +15,7 @@ import time
 import torch
 
 import hf_specdiff
+from hf_specdiff import decoding
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.policies_specdiff import DraftLengthPolicy
 from hf_specdiff.tools.shipped import shipped_drafter_path
@@ -35,6 +37,7 @@ def main():
     verifier, tokenizer = load_verifier(args.verifier, dtype=DTYPES[args.dtype])
     drafter = SpecDiffDrafter.from_pretrained(args.drafter or shipped_drafter_path(), dtype=DTYPES[args.dtype]).eval()
     DraftLengthPolicy.next_length = lambda self, allow_skip=False: 0  # every round a plain step
+    decoding.tree_budget = lambda probs, costs, max_nodes: 0  # a tree's lookup drafts found and weighed, none verified
     drafter.assistant_lookup_tokens = 0
     assistant = drafter.attach(verifier) if drafter.config.is_conditioned else drafter
     inputs = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
@@ -42,6 +45,8 @@ def main():
     settings = dict(max_new_tokens=args.max_new_tokens, min_new_tokens=args.max_new_tokens, do_sample=False)
     methods = {"plain generate": lambda: verifier.generate(**inputs, **settings),
                "K=1 loop": lambda: hf_specdiff.generate(verifier, drafter, **inputs, **settings, num_drafts=1),
+               "K=4 + lookup loop": lambda: hf_specdiff.generate(verifier, drafter, **inputs, **settings, num_drafts=4,
+                                                                 lookup_tokens=10),
                "drop-in loop": lambda: verifier.generate(**inputs, **settings, assistant_model=assistant)}
     marks = []  # -start, end of each verifier forward
     verifier.register_forward_pre_hook(lambda *_: marks.append(-time.perf_counter()))
