@@ -177,7 +177,7 @@ def test_sampling_honours_processors(processed, route):
     """top_k=1 sampling picks the argmax of the processed scores, so with the drafter it must give plain greedy under
     the same processors. The tree route processes each node with its own context (the penalties see the node's
     path): processing every node with the committed tokens alone fails this test (tried: 0 of 3 prompts equal). Our
-    loop's drafts and trees have fixed sizes, so that every round drafts whatever this machine's costs say (sized by
+    loop's drafts and trees have fixed sizes, so that every round drafts, whatever this machine's costs (sized by
     them, the K4+lookup route once drafted so little that its acceptance fell under the bound by chance)."""
     import hf_specdiff
 

@@ -215,16 +215,15 @@ def test_held_out_acceptance(models, tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["drafter", "conditioned"])
-def test_plain_step_overhead(models, kind):
+def test_plain_step_overhead(models, kind, monkeypatch):
     from hf_specdiff import decoding
     from hf_specdiff.policies_specdiff import DraftLengthPolicy
 
-    next_length, tree_budget = DraftLengthPolicy.next_length, decoding.tree_budget
-    try:
-        out = run("experiments/plain_step_overhead.py", "--verifier", str(models / "verifier"), "--drafter",
-                  str(models / kind), "--dtype", "fp32", "--prompt", "t5 t9", "--max-new-tokens", "6", "--repeats", "2")
-    finally:
-        DraftLengthPolicy.next_length, decoding.tree_budget = next_length, tree_budget
+    # the script forces these in-process; monkeypatch puts back what they were when the test ends
+    monkeypatch.setattr(DraftLengthPolicy, "next_length", DraftLengthPolicy.next_length)
+    monkeypatch.setattr(decoding, "tree_budget", decoding.tree_budget)
+    out = run("experiments/plain_step_overhead.py", "--verifier", str(models / "verifier"), "--drafter",
+              str(models / kind), "--dtype", "fp32", "--prompt", "t5 t9", "--max-new-tokens", "6", "--repeats", "2")
     assert [line.split(":")[0] for line in out.splitlines()] == ["plain generate", "K=1 loop", "K=4 + lookup loop",
                                                                   "drop-in loop"], out
     assert "(1.000x plain)" in out.splitlines()[0]
