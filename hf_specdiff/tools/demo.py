@@ -75,7 +75,8 @@ def run_demo(prompts: str | list[str] | None = None, verifier: str = DEFAULT_VER
              threads: int | None = 2, colour: bool | None = None) -> list[dict]:
     """Stream SpecDiff's answer to each prompt (None: `DEMO_PROMPTS`) with its drafted tokens marked, time it and
     plain greedy on the same input (each the faster of two interleaved runs), print and return the comparisons,
-    then the total and what this machine's cost profile lets drafting gain. `dtype`: "auto" (the faster on this machine's profile), "bf16", "fp32" or a torch dtype.
+    then the total and what this machine's cost profile lets drafting gain. `dtype`: "auto" (the faster on this
+    machine's profile), "bf16", "fp32" or a torch dtype.
     `threads` applies to this call only; `colour=None` colours on a terminal."""
     prompts = DEMO_PROMPTS if prompts is None else [prompts] if isinstance(prompts, str) else list(prompts)
     if not prompts:
