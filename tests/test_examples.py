@@ -227,3 +227,37 @@ def test_plain_step_overhead(models, kind, monkeypatch):
     assert [line.split(":")[0] for line in out.splitlines()] == ["plain generate", "K=1 loop", "K=4 + lookup loop",
                                                                   "drop-in loop"], out
     assert "(1.000x plain)" in out.splitlines()[0]
+
+
+def test_modeled_speedup_is_plain_greedys_text_on_a_virtual_clock(models, tmp_path):
+    """Every variant writes plain greedy's tokens; the clock, not the wall, times them (a second run gives the same
+    seconds), and the loop's modules are as they were afterwards."""
+    import hf_specdiff.decoding as decoding
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    verify, prompt_lookup = decoding.TreeDecoding.verify, decoding.prompt_lookup
+    profile = tmp_path / "dear.json"
+    profile.write_text(json.dumps({"verifier": {"1": 0.01, "2": 0.011, "16": 0.02}, "drafter": {"1": 0.001}}))
+    variants = ["--variant", "pooled", "--variant", "by-ngram-decay0.8"]
+    common = ["--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"), "--no-demo",
+              "--spec-bench", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "16",
+              "--threads", "1", "--profile", str(profile), *variants]
+    for name in ("a", "b"):
+        run("experiments/modeled_speedup.py", *common, "--out", str(tmp_path / f"{name}.jsonl"))
+    assert decoding.TreeDecoding.verify is verify and decoding.prompt_lookup is prompt_lookup
+    first, second = ([json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+                     for name in ("a", "b"))
+    assert len(first) == 4 and [r["seconds"] for r in first] == [r["seconds"] for r in second]
+    verifier = AutoModelForCausalLM.from_pretrained(models / "verifier")
+    tokenizer = AutoTokenizer.from_pretrained(models / "verifier")
+    prompts = [json.loads(line)["prompt"] for line in (models / "prompts.jsonl").read_text().splitlines()[:2]]
+    for row in first:
+        inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompts[int(row["id"])]}],
+                                               add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        plain = verifier.generate(**inputs, max_new_tokens=16, do_sample=False)
+        assert row["tokens"] == plain[0, inputs["input_ids"].shape[1]:].tolist()
+        assert row["plain_seconds"] == pytest.approx(0.01 * row["new_tokens"]) and row["seconds"] > 0
+    run("experiments/modeled_speedup.py", *common, "--out", str(tmp_path / "a.jsonl"))  # resumed: nothing to add
+    assert len((tmp_path / "a.jsonl").read_text().splitlines()) == 4
+    table = run("experiments/modeled_speedup.py", "--summarize", str(tmp_path / "a.jsonl"))
+    assert "| dear | pooled |" in table and "| dear | by-ngram-decay0.8 |" in table

@@ -295,6 +295,52 @@ def test_a_lookup_branch_pruned_away_after_misses_comes_back_when_it_is_right(tr
     assert stats.rounds <= 30, stats.as_dict()  # 60 plain steps if the branch never came back
 
 
+@pytest.mark.parametrize("decay,wasted", [(decoding.LOOKUP_ACCEPTANCE_DECAY, range(0, 13)), (1.0, range(25, 90))])
+def test_a_lookup_branch_is_pruned_soon_after_a_copied_passage_ends(trained, monkeypatch, decay, wasted):
+    """After 5 rounds whose lookup drafts were accepted whole, the copy ends: with recency decay the branch drops out
+    of the tree after some wrong rounds (9 at the shipped 0.8, its deeper nodes being cheap here); counting every round
+    alike, it stayed to the end (37 wrong rounds)."""
+    verifier, _ = trained("llama")
+    drafter = tiny_drafter(verifier, block_size=8)  # untrained: its nodes are too unlikely to be kept
+    prompt = PROMPTS[:1]
+    plain = verifier.generate(prompt, max_new_tokens=90, do_sample=False, eos_token_id=None)[0].tolist()
+    calls, wrong_rounds_verified = [], []
+
+    def oracle(ids, num_tokens, num_drafts=1, max_ngram=3):  # the first 5 drafts right, then wrong at their first token
+        calls.append(1)
+        future = plain[ids.shape[0]:ids.shape[0] + num_tokens]
+        return [future if len(calls) <= 5 else [(t + 1) % 96 for t in future]]
+
+    verify = decoding.TreeDecoding.verify
+
+    def recorded_verify(self, round_, cache):
+        if len(calls) > 5 and round_.tree.fixed_only:
+            wrong_rounds_verified.append(len(calls))
+        return verify(self, round_, cache)
+
+    monkeypatch.setattr(decoding, "prompt_lookup", oracle)
+    monkeypatch.setattr(decoding, "LOOKUP_ACCEPTANCE_DECAY", decay)
+    monkeypatch.setattr(decoding.TreeDecoding, "verify", recorded_verify)
+    monkeypatch.setattr(RoundCosts, "record", lambda *args: None)  # no wall-clock in the test
+    out = hf_specdiff.generate(verifier, drafter, prompt, max_new_tokens=90, do_sample=False, eos_token_id=None,
+                               num_drafts=1, lookup_tokens=10, cost_profile=CostProfile({1: 1.0, 2: 1.3, 11: 1.5}))
+    assert out[0].tolist() == plain
+    assert len(wrong_rounds_verified) in wasted, wrong_rounds_verified
+
+
+def test_decayed_acceptance_follows_recent_rounds():
+    steady, recent = AcceptanceRates(3), AcceptanceRates(3, decay=0.8)
+    for rates in (steady, recent):
+        for _ in range(20):
+            rates.update(num_drafted=3, num_accepted=3)
+        for _ in range(4):
+            rates.update(num_drafted=3, num_accepted=0)
+    assert steady.rates()[0] > 0.8 and recent.rates()[0] < 0.5
+    assert AcceptanceRates(3, decay=0.8).rates().tolist() == [0.5] * 3  # untried: the prior, as without decay
+    with pytest.raises(ValueError, match=r"decay must be in \(0, 1\]"):
+        AcceptanceRates(3, decay=0.0)
+
+
 def test_an_older_matchs_lookup_draft_starts_less_likely_than_the_latest(trained):
     verifier, drafter = trained("llama")
     ids = torch.tensor([5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6])  # "5 6" followed by 7, 8, 9: three lookup drafts

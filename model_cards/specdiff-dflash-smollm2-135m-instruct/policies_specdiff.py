@@ -17,12 +17,19 @@ class AcceptanceRates:
     position counts as accepted half the time, a later position as doing as well as the one before it, so a position
     reached only a few times is not taken for one that is always accepted (which made long drafts look worth trying
     after every new prompt), and a first round does not verify a long draft nothing is known of (with a prior of 1,
-    it verified 16 tokens, 6 plain steps' time where verified tokens are dear)."""
+    it verified 16 tokens, 6 plain steps' time where verified tokens are dear).
 
-    def __init__(self, max_length: int, first_prior: float = 0.5):
+    With `decay` < 1 the counts are multiplied by it before each update, so the last 1 / (1 - decay) rounds or so
+    weigh the most: for drafts whose acceptance moves with the text (a prompt-lookup draft is accepted while the
+    output copies a passage and rejected once it stops)."""
+
+    def __init__(self, max_length: int, first_prior: float = 0.5, decay: float = 1.0):
+        if not 0 < decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {decay}")
         self.reached = torch.zeros(max_length)
         self.accepted = torch.zeros(max_length)
         self.first_prior = first_prior
+        self.decay = decay
 
     def rates(self) -> torch.Tensor:
         rate, prior = [], self.first_prior
@@ -32,6 +39,9 @@ class AcceptanceRates:
         return torch.tensor(rate)
 
     def update(self, num_drafted: int, num_accepted: int):
+        if self.decay < 1:
+            self.reached *= self.decay
+            self.accepted *= self.decay
         reached = min(num_accepted + 1, num_drafted)
         self.reached[:reached] += 1
         self.accepted[:num_accepted] += 1

@@ -576,10 +576,11 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         return RoundCosts(prior=None if profile is None else lambda nodes: profile.verifier_seconds(nodes + 1))
 
     @staticmethod
-    def new_acceptance_rates(max_length: int, first_prior: float = 0.5) -> AcceptanceRates:
+    def new_acceptance_rates(max_length: int, first_prior: float = 0.5, decay: float = 1.0) -> AcceptanceRates:
         """Fresh acceptance-by-position counts for drafts of at most `max_length` tokens, an untried first position
-        at `first_prior` (the tree loop keeps one for each of its prompt-lookup branches)."""
-        return AcceptanceRates(max_length, first_prior)
+        at `first_prior`, older rounds weighed down by `decay` (the tree loop keeps one for each of its prompt-lookup
+        branches)."""
+        return AcceptanceRates(max_length, first_prior, decay)
 
     def _assistant_rounds(self, cache: SpecDiffCache, generation_config) -> AssistantRounds | None:
         """The round tracker of an adaptive drafter called by transformers' assisted loop (None otherwise)."""

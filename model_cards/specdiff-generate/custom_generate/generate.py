@@ -65,6 +65,12 @@ DEFAULT_MAX_TREE_NODES = 15
 # verifier keeps whichever agrees longest (docs/benchmarks.md: tau and speed against a single lookup draft).
 DEFAULT_NUM_LOOKUP_DRAFTS = 4
 
+# The lookup drafts' acceptance counts are multiplied by this before each round's update: a lookup draft is accepted
+# while the output copies a passage and not once it stops, and with every round weighed alike the rates a long copy
+# built kept 7-10 useless lookup nodes in each tree for many rounds after it. Modeled on three machines' costs
+# (`experiments/modeled_speedup.py`, docs/benchmarks.md), 0.8 was faster than no decay on each.
+LOOKUP_ACCEPTANCE_DECAY = 0.8
+
 
 def device_clock(device: torch.device | str) -> float:
     """`time.perf_counter()` once the work queued on `device` has run (a copy of `costs_specdiff.device_clock`:
@@ -541,8 +547,9 @@ class TreeDecoding:
         self.round_costs = drafter.new_round_costs(cost_profile)  # of greedy rounds by nodes verified, for tree_budget
         # by depth, for the latest match's draft, the one before it, ...: an untried one at 0.5 / (rank + 1), as an
         # older match is less likely to continue as the text does (at 0.5 each, 2-3 untried drafts of one summary's
-        # rounds summed to a tree that cost twice a plain step and brought half a token)
-        self.lookup_acceptance = [drafter.new_acceptance_rates(lookup_tokens, first_prior=0.5 / (rank + 1))
+        # rounds summed to a tree that cost twice a plain step and brought half a token); recent rounds weigh more
+        self.lookup_acceptance = [drafter.new_acceptance_rates(lookup_tokens, first_prior=0.5 / (rank + 1),
+                                                               decay=LOOKUP_ACCEPTANCE_DECAY)
                                   for rank in range(self.num_lookup_drafts)]
         self.drafter_cache = drafter.new_cache()
         self.output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
