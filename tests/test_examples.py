@@ -261,3 +261,19 @@ def test_modeled_speedup_is_plain_greedys_text_on_a_virtual_clock(models, tmp_pa
     assert len((tmp_path / "a.jsonl").read_text().splitlines()) == 4
     table = run("experiments/modeled_speedup.py", "--summarize", str(tmp_path / "a.jsonl"))
     assert "| dear | pooled |" in table and "| dear | by-ngram-decay0.8 |" in table
+
+
+def test_lookup_decay_ab(models, tmp_path):
+    import hf_specdiff.decoding as decoding
+
+    shipped = decoding.LOOKUP_ACCEPTANCE_DECAY
+    out = run("experiments/lookup_decay_ab.py", "--decay", "1.0", "--decay", "0.5", "--verifier", str(models / "verifier"),
+              "--drafter", str(models / "drafter"), "--dtype", "fp32", "--no-demo", "--spec-bench",
+              str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "12", "--repeats", "2",
+              "--threads", "1", "--out", str(tmp_path / "ab.json"))
+    saved = json.loads((tmp_path / "ab.json").read_text())
+    assert decoding.LOOKUP_ACCEPTANCE_DECAY == shipped and "spec-bench" in out
+    assert set(saved["summary"]) == {"spec-bench"} and set(saved["summary"]["spec-bench"]) == {"plain", "1.0", "0.5"}
+    assert [row["category"] for row in saved["prompts"]] == ["qa", "math"]
+    for row in saved["prompts"]:  # fp32: every setting writes plain greedy's text, as many tokens
+        assert len({m["tokens"] for m in row["methods"].values()}) == 1 and row["methods"]["plain"]["tau"] == 1.0
