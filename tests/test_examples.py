@@ -277,3 +277,14 @@ def test_lookup_decay_ab(models, tmp_path):
     assert [row["category"] for row in saved["prompts"]] == ["qa", "math"]
     for row in saved["prompts"]:  # fp32: every setting writes plain greedy's text, as many tokens
         assert len({m["tokens"] for m in row["methods"].values()}) == 1 and row["methods"]["plain"]["tau"] == 1.0
+
+
+def test_round_cost_calibration(models):
+    import hf_specdiff.decoding as decoding
+
+    verify = decoding.TreeDecoding.verify
+    out = run("experiments/round_cost_calibration.py", "--verifier", str(models / "verifier"), "--drafter",
+              str(models / "drafter"), "--max-new-tokens", "12", "--threads", "1")
+    assert decoding.TreeDecoding.verify is verify
+    assert re.search(r"tree rounds' verifier forwards: [0-9.]+ s measured, [0-9.]+ s by the profile \([0-9.]+x\)", out)
+    assert re.search(r"the loop's rest \(host work\): -?[0-9.]+ s of [0-9.]+ s", out)
