@@ -19,9 +19,8 @@ import torch
 from hf_specdiff import decoding
 from hf_specdiff.tools.bench import read_spec_bench
 from hf_specdiff.tools.demo import DEMO_PROMPTS
+from hf_specdiff.tools.doctor import DTYPES
 from hf_specdiff.tools.verifiers import DEFAULT_VERIFIER, load_pair
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def run_once(model, drafter, inputs, method, max_new_tokens: int) -> tuple[int, float, float]:

@@ -4,8 +4,8 @@ modeled here, without that machine and without this shared machine's timing nois
 within minutes). The verifier runs in fp32, where every variant writes plain greedy's text, so the variants decide on
 the same text; the profile (any cached one: `~/.cache/hf_specdiff/costs/*.json`) sets the costs the policies size
 trees by and the time each round is charged. Plain decoding is charged a plain step per token. What the model leaves
-out: the loop's host work (building trees and masks, about 2% of a step: `plain_step_overhead.py`), and bf16's own
-texts.
+out (`round_cost_calibration.py`): the loop's host work (about 1.8 ms a round), that a tree-masked forward costs more
+than the profile's (1.22x under the AVX2 imitation in bf16), and bf16's own texts.
 
 Variants of the K=4 + lookup loop's lookup acceptance: `pooled` (per-rank rates, every round weighed alike: the loop
 before `LOOKUP_ACCEPTANCE_DECAY`), `decayG` (their counts multiplied by G before each update, so recent rounds weigh
@@ -32,6 +32,7 @@ import torch
 
 from hf_specdiff import decoding, policies_specdiff
 from hf_specdiff.costs_specdiff import CostProfile
+from hf_specdiff.policies_specdiff import LOOKUP_NGRAM, prompt_lookup_match
 from hf_specdiff.tools.bench import read_spec_bench
 from hf_specdiff.tools.demo import DEMO_PROMPTS
 from hf_specdiff.tools.verifiers import DEFAULT_VERIFIER, load_pair
@@ -82,14 +83,9 @@ class LookupVariant:
         prompt_lookup = decoding.prompt_lookup
         variant = self
 
-        def lookup_with_ngram(ids, num_tokens, num_drafts=1, max_ngram=3):
-            for n in range(min(max_ngram, ids.shape[0] - 1), 0, -1):  # prompt_lookup's loop, keeping its n
-                hits = (ids[:-1].unfold(0, n, 1) == ids[-n:]).all(-1).nonzero().flatten().tolist()
-                if hits:
-                    variant.ngram = n
-                    return prompt_lookup(ids, num_tokens, num_drafts, max_ngram=n)
-            variant.ngram = 0
-            return []
+        def lookup_with_ngram(ids, num_tokens, num_drafts=1, max_ngram=LOOKUP_NGRAM):
+            variant.ngram = prompt_lookup_match(ids, max_ngram)[0]  # the n-gram size the drafts follow (0: none)
+            return prompt_lookup(ids, num_tokens, num_drafts, max_ngram)
 
         def get_rates(tree_decoding):
             by_ngram = tree_decoding.__dict__["_lookup_by_ngram"]
@@ -98,7 +94,7 @@ class LookupVariant:
         def set_rates(tree_decoding, rates):
             for r in rates:
                 r.decay = variant.decay
-            tree_decoding.__dict__["_lookup_by_ngram"] = {n: copy.deepcopy(rates) for n in range(4)}
+            tree_decoding.__dict__["_lookup_by_ngram"] = {n: copy.deepcopy(rates) for n in range(LOOKUP_NGRAM + 1)}
 
         patches.enter_context(mock.patch.object(decoding, "prompt_lookup", lookup_with_ngram))
         patches.enter_context(mock.patch.object(decoding.TreeDecoding, "lookup_acceptance",

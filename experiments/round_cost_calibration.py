@@ -20,9 +20,8 @@ import torch
 
 from hf_specdiff import decoding
 from hf_specdiff.tools.demo import DEMO_PROMPTS
+from hf_specdiff.tools.doctor import DTYPES
 from hf_specdiff.tools.verifiers import DEFAULT_VERIFIER, load_pair
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def timed(record: list, function):
