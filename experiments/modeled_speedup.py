@@ -4,8 +4,8 @@ modeled here, without that machine and without this shared machine's timing nois
 within minutes). The verifier runs in fp32, where every variant writes plain greedy's text, so the variants decide on
 the same text; the profile (any cached one: `~/.cache/hf_specdiff/costs/*.json`) sets the costs the policies size
 trees by and the time each round is charged. Plain decoding is charged a plain step per token. What the model leaves
-out (`round_cost_calibration.py`): the loop's host work (about 1.8 ms a round), that a tree-masked forward costs more
-than the profile's (1.22x under the AVX2 imitation in bf16), and bf16's own texts.
+out (`round_cost_calibration.py`): the loop's host work (about 1.8 ms a round), the machine's speed moving from the
+profile's, and bf16's own texts (a tree-masked forward costs what a chain does: `verifier_cost.py --tree`).
 
 Variants of the K=4 + lookup loop's lookup acceptance: `pooled` (per-rank rates, every round weighed alike: the loop
 before `LOOKUP_ACCEPTANCE_DECAY`), `decayG` (their counts multiplied by G before each update, so recent rounds weigh

@@ -7,8 +7,9 @@ plain step. This is what `modeled_speedup.py`'s virtual clock leaves out; run it
     python experiments/round_cost_calibration.py [--dtype fp32|bf16] [--max-new-tokens 128] [--threads 2]
 
 Under the AVX2 imitation in bf16 (2026-12-06, f35a1ee): tree rounds' forwards 1.22x the profile, host work 1.8 ms a
-round, plain `generate` 44.1 ms a token against the profile's 27.8 ms plain step (measured an hour and a half before:
-this shared machine's speed moves).
+round, plain `generate` 44.1 ms a token against the profile's 27.8 ms plain step (1.59x: the profile was measured an
+hour and a half before, and this shared machine had slowed; timed side by side, a tree forward costs what a chain of
+as many tokens does, `verifier_cost.py --tree`).
 """
 
 import argparse

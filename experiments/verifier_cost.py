@@ -1,8 +1,16 @@
 """What a verified token costs on this machine: the verifier's forward over k new tokens after a cached context,
-relative to k = 1 (docs/tuning.md). Speculative decoding pays where these ratios stay near 1.
+relative to k = 1 (docs/tuning.md). Speculative decoding pays where these ratios stay near 1. With `--tree`, also
+the forward over the last committed token and k - 1 tree nodes in 4 branches, under the tree loop's own 4D mask
+(`decoding.TreeDecoding.verify`), each right after the chain forward of the same k: what a `CostProfile`, which times
+chains, leaves out of a tree round.
 
     python experiments/verifier_cost.py [--verifier NAME_OR_DIR] [--dtype bf16|fp32] [--attn sdpa|eager]
-        [--context 300,1500] [--rows 1,2,4,8,16]
+        [--context 300,1500] [--rows 1,2,4,8,16] [--tree]
+
+On the 2-core AMD EPYC (`avx512_bf16`, no AMX) in bf16 (2026-12-06, `--context 128,512 --rows 1,2,4,8,12,16
+--tree`), a tree forward cost 0.91x-1.15x the chain of as many tokens under the AVX2 imitation (two runs, 20 pairs,
+median 0.96x) and 0.87x-1.01x natively: a tree's mask adds nothing measurable, and a profile's chain forwards price
+tree rounds.
 """
 
 import argparse
@@ -11,26 +19,50 @@ import time
 import torch
 from transformers import DynamicCache
 
+from hf_specdiff import decoding
+from hf_specdiff.costs_specdiff import CACHE_KWARG
 from hf_specdiff.tools.threads import torch_threads
 from hf_specdiff.tools.verifiers import load_verifier
 
 
+def tree_of(num_nodes: int, vocab: int, branches: int = 4) -> decoding.DraftTree:
+    """A tree of `num_nodes` random nodes in `branches` branches as deep as they need (the last ones shallower)."""
+    depth = -(-num_nodes // branches)
+    sizes = [min(depth, num_nodes - depth * b) for b in range(branches)]
+    return decoding.DraftTree.from_drafts([torch.randint(0, vocab, (size,)).tolist() for size in sizes if size > 0])
+
+
+def tree_forward(model, cache, token: torch.Tensor, tree: decoding.DraftTree):
+    """The tree loop's verifier forward over one committed `token` [1, 1] and `tree`, under its 4D mask: logits [1,
+    1 + len(tree), V], row 1 + n at node n."""
+    positions = decoding.tree_positions(cache.get_seq_length(), 1, tree)
+    mask = decoding.tree_attention_mask(model, cache, 1, tree, model.dtype, positions)
+    with decoding.grouped_heads_in_sdpa(model):
+        return model(input_ids=torch.cat([token, tree.tokens[None]], dim=1), position_ids=positions[None],
+              attention_mask=mask, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=1 + len(tree)).logits
+
+
 @torch.no_grad()
-def forward_ms(model, context: int, rows: list[int], repeats: int = 12) -> dict[int, float]:
-    """Median milliseconds of one cached forward over k random new tokens, for each k in `rows`."""
+def forward_ms(model, context: int, rows: list[int], repeats: int = 12, tree: bool = False) -> dict[int, float]:
+    """Median milliseconds of one cached forward over k random new tokens, for each k in `rows`; with `tree`, also
+    of a tree forward of k tokens (key `-k`), each timed right after the chain of the same k."""
     vocab = model.config.get_text_config().vocab_size
     cache = DynamicCache(config=model.config)
-    model(input_ids=torch.randint(0, vocab, (1, context)), past_key_values=cache, use_cache=True)
-    result = {}
+    model(input_ids=torch.randint(0, vocab, (1, context)), **{CACHE_KWARG: cache}, use_cache=True)
+    times = {}
     for k in rows:
-        times = []
         for _ in range(repeats):
             start = time.perf_counter()
-            model(input_ids=torch.randint(0, vocab, (1, k)), past_key_values=cache, use_cache=True, logits_to_keep=k)
-            times.append(time.perf_counter() - start)
+            model(input_ids=torch.randint(0, vocab, (1, k)), **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=k)
+            times.setdefault(k, []).append(time.perf_counter() - start)
             cache.crop(-k)
-        result[k] = 1000 * sorted(times)[len(times) // 2]
-    return result
+            if tree and k > 1:
+                nodes = tree_of(k - 1, vocab)
+                start = time.perf_counter()
+                tree_forward(model, cache, torch.randint(0, vocab, (1, 1)), nodes)
+                times.setdefault(-k, []).append(time.perf_counter() - start)
+                cache.crop(-k)
+    return {k: 1000 * sorted(values)[len(values) // 2] for k, values in times.items()}
 
 
 def main(argv=None):
@@ -41,16 +73,22 @@ def main(argv=None):
     parser.add_argument("--context", default="300", help="comma-separated context lengths")
     parser.add_argument("--rows", default="1,2,4,8,16,32")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tree", action="store_true", help="also time tree forwards of as many tokens")
     args = parser.parse_args(argv)
     with torch_threads(args.threads):
         model, _ = load_verifier(args.verifier, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
         model.set_attn_implementation(args.attn)
         contexts = [int(c) for c in args.context.split(",")]
-        ms = {c: forward_ms(model, c, [int(k) for k in args.rows.split(",")]) for c in contexts}
+        ms = {c: forward_ms(model, c, [int(k) for k in args.rows.split(",")], tree=args.tree) for c in contexts}
     print(f"capability {torch.backends.cpu.get_cpu_capability()}, {args.dtype}, {args.attn}")
     for context, by_rows in ms.items():
+        first = by_rows[min(k for k in by_rows if k > 0)]
         print(f"after {context} tokens: " + ", ".join(
-            f"k={k} {value:.1f} ms ({value / by_rows[min(by_rows)]:.2f}x)" for k, value in by_rows.items()))
+            f"k={k} {value:.1f} ms ({value / first:.2f}x)" for k, value in by_rows.items() if k > 0))
+        trees = [k for k in by_rows if k > 0 and -k in by_rows]
+        if trees:
+            print(f"  tree / chain after {context} tokens: " + ", ".join(
+                f"k={k} {by_rows[-k]:.1f} ms ({by_rows[-k] / by_rows[k]:.2f})" for k in trees))
     return ms
 
 

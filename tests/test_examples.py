@@ -167,9 +167,37 @@ def test_draft_processors_cost(models):
 
 def test_verifier_cost(models):
     out = run("experiments/verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20,40",
-              "--rows", "1,4", "--threads", "1", "--attn", "eager")
+              "--rows", "1,4", "--threads", "1", "--attn", "eager", "--tree")
     assert "eager" in out and "after 20 tokens: k=1" in out and "after 40 tokens: k=1" in out and "k=4" in out
     assert len(re.findall(r"k=1 [0-9.]+ ms \(1\.00x\)", out)) == 2  # each context relative to its own k=1
+    assert len(re.findall(r"tree / chain after \d+ tokens: k=4 [0-9.]+ ms \([0-9.]+\)\n", out)) == 2
+
+
+def test_verifier_cost_tree_forward_is_the_tree_loops(models):
+    """The experiment's tree forward gives each node the logits the verifier gives that node's path as a chain."""
+    sys.path.insert(0, "experiments")
+    try:
+        import verifier_cost
+    finally:
+        sys.path.pop(0)
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from hf_specdiff.costs_specdiff import CACHE_KWARG
+
+    model = AutoModelForCausalLM.from_pretrained(models / "verifier", dtype=torch.float32).eval()
+    vocab = model.config.vocab_size
+    torch.manual_seed(0)
+    context, token = torch.randint(0, vocab, (1, 12)), torch.randint(0, vocab, (1, 1))
+    tree = verifier_cost.tree_of(7, vocab)
+    assert len(tree) == 7 and sorted(len(tree.path(n)) for n in range(7)).count(1) == 4  # 4 branches: 2, 2, 2, 1
+    with torch.no_grad():
+        cache = DynamicCache(config=model.config)
+        model(input_ids=context, **{CACHE_KWARG: cache}, use_cache=True)
+        logits = verifier_cost.tree_forward(model, cache, token, tree)[0]
+        for node in range(len(tree)):
+            path = tree.tokens[tree.path(node)]
+            chain = model(input_ids=torch.cat([context, token, path[None]], 1)).logits[0, -1]
+            torch.testing.assert_close(logits[1 + node], chain, atol=1e-4, rtol=1e-4)
 
 
 def test_learning_curves(models, tmp_path):
