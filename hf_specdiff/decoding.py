@@ -33,6 +33,7 @@ Why the output is exactly the verifier's:
 This file imports only torch and transformers, so it also ships as a Hub `custom_generate/generate.py`.
 """
 
+import inspect
 import math
 import os
 import time
@@ -49,11 +50,14 @@ from transformers.generation.stopping_criteria import (
     StopStringCriteria,
 )
 from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.utils import logging
 
 
 # transformers 5.24 renamed the cache argument of models and `generate` from `past_key_values` to `cache` (the old
 # name is still taken, with a warning); the tree loop reads and passes it under the name of the version installed.
 CACHE_KWARG = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+
+logger = logging.get_logger(__name__)
 
 # Trees verify at most this many nodes unless max_tree_nodes says otherwise: with the last committed token, a
 # verifier forward over 16 positions. What that costs depends on the hardware (docs/tuning.md; measured in bf16 on 2
@@ -525,6 +529,17 @@ class TreeRound:
     started: float  # time.perf_counter() at the round's start
 
 
+def lookup_acceptance_rates(drafter, max_length: int, first_prior: float):
+    """A lookup draft's acceptance counts from `drafter.new_acceptance_rates`, recent rounds weighed more
+    (`LOOKUP_ACCEPTANCE_DECAY`). A drafter whose remote code predates the decay (this file ships apart from it, as
+    `custom_generate`) takes no `decay`: its rates weigh every round alike, as the loop then did."""
+    if "decay" in inspect.signature(drafter.new_acceptance_rates).parameters:
+        return drafter.new_acceptance_rates(max_length, first_prior=first_prior, decay=LOOKUP_ACCEPTANCE_DECAY)
+    logger.warning_once(f"this drafter's remote code ({type(drafter).__name__}) predates the lookup drafts' recency "
+                        "weighting: its lookup branch weighs every round alike. Download the drafter folder again.")
+    return drafter.new_acceptance_rates(max_length, first_prior=first_prior)
+
+
 class TreeDecoding:
     """Self-selection decoding in named steps: `draft_tree`, `verify`, `target_scores`, `accept`, `learn`,
     `record_features`, `commit`; `__call__` runs them until a stopping criterion fires."""
@@ -548,8 +563,7 @@ class TreeDecoding:
         # by depth, for the latest match's draft, the one before it, ...: an untried one at 0.5 / (rank + 1), as an
         # older match is less likely to continue as the text does (at 0.5 each, 2-3 untried drafts of one summary's
         # rounds summed to a tree that cost twice a plain step and brought half a token); recent rounds weigh more
-        self.lookup_acceptance = [drafter.new_acceptance_rates(lookup_tokens, first_prior=0.5 / (rank + 1),
-                                                               decay=LOOKUP_ACCEPTANCE_DECAY)
+        self.lookup_acceptance = [lookup_acceptance_rates(drafter, lookup_tokens, first_prior=0.5 / (rank + 1))
                                   for rank in range(self.num_lookup_drafts)]
         self.drafter_cache = drafter.new_cache()
         self.output_scores = generation_config.output_scores and generation_config.return_dict_in_generate

@@ -341,6 +341,27 @@ def test_decayed_acceptance_follows_recent_rounds():
         AcceptanceRates(3, decay=0.0)
 
 
+def test_a_drafter_whose_remote_code_predates_the_lookup_decay_still_runs(trained, monkeypatch, caplog):
+    """`custom_generate` ships apart from the drafter's remote code: an older drafter folder's `new_acceptance_rates`
+    takes no `decay`; the loop then weighs every round alike, says so once, and still writes plain greedy's tokens."""
+    verifier, drafter = trained("llama")
+    made = []
+
+    def new_acceptance_rates(max_length, first_prior=0.5):  # the signature before the decay
+        made.append(AcceptanceRates(max_length, first_prior))
+        return made[-1]
+
+    monkeypatch.setattr(drafter, "new_acceptance_rates", new_acceptance_rates)
+    plain = verifier.generate(PROMPTS[:1], max_new_tokens=30, do_sample=False, eos_token_id=None)
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            out = hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=30, do_sample=False,
+                                       eos_token_id=None, num_drafts=4, lookup_tokens=10)
+            assert out.tolist() == plain.tolist()
+    assert len(made) == 2 * decoding.DEFAULT_NUM_LOOKUP_DRAFTS and {rates.decay for rates in made} == {1.0}
+    assert caplog.text.count("predates the lookup drafts' recency weighting") == 1
+
+
 def test_an_older_matchs_lookup_draft_starts_less_likely_than_the_latest(trained):
     verifier, drafter = trained("llama")
     ids = torch.tensor([5, 6, 7, 5, 6, 8, 5, 6, 9, 5, 6])  # "5 6" followed by 7, 8, 9: three lookup drafts
