@@ -18,10 +18,9 @@ import hf_specdiff
 from hf_specdiff import decoding
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
 from hf_specdiff.policies_specdiff import DraftLengthPolicy
+from hf_specdiff.tools.doctor import DTYPES
 from hf_specdiff.tools.shipped import shipped_drafter_path
 from hf_specdiff.tools.verifiers import load_verifier
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def main():

@@ -23,10 +23,9 @@ import torch
 import hf_specdiff
 from hf_specdiff.tools.bench import read_spec_bench
 from hf_specdiff.modeling_specdiff import SpecDiffDrafter
+from hf_specdiff.tools.doctor import DTYPES
 from hf_specdiff.tools.shipped import shipped_drafter_path
 from hf_specdiff.tools.verifiers import load_verifier
-
-DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 def remote_code_at(commit: str) -> list[str]:
