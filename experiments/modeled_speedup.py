@@ -154,6 +154,11 @@ def run_modeled(model, tokenizer, drafter, profiles: dict, variants: list[str], 
                       f"{row['plain_seconds'] / row['seconds']:.3f}x tau {stats.tau:.2f}", flush=True)
 
 
+def speedup(rows: list[dict]) -> float:
+    """Modeled speed-up of `rows`: plain seconds over the loop's, summed (nan for none)."""
+    return sum(r["plain_seconds"] for r in rows) / sum(r["seconds"] for r in rows) if rows else float("nan")
+
+
 def summarize(path: str) -> str:
     """Per profile and variant: modeled speed-up (plain seconds over the loop's, summed) over the demo's prompts,
     over Spec-Bench's, its worst category, and tau over all."""
@@ -161,9 +166,6 @@ def summarize(path: str) -> str:
     groups: dict = {}
     for row in rows:
         groups.setdefault((row["profile"], row["variant"]), []).append(row)
-
-    def speedup(selected):
-        return sum(r["plain_seconds"] for r in selected) / sum(r["seconds"] for r in selected) if selected else float("nan")
 
     lines = ["| profile | variant | demo | Spec-Bench | worst category | tau (all) | prompts |", "|---|---|---|---|---|---|---|"]
     for (profile, name), selected in groups.items():

@@ -291,6 +291,30 @@ def test_modeled_speedup_is_plain_greedys_text_on_a_virtual_clock(models, tmp_pa
     assert "| dear | pooled |" in table and "| dear | by-ngram-decay0.8 |" in table
 
 
+def test_cost_drift_model(models, tmp_path):
+    """On a machine as fast as its profile every variant prices rounds alike (the same seconds); slowed, the clock
+    charges the slowdown; every row is plain greedy's text; the loop's RoundCosts is as it was afterwards."""
+    from hf_specdiff.costs_specdiff import RoundCosts
+
+    from_prior = RoundCosts._from_prior
+    profile = tmp_path / "dear.json"
+    profile.write_text(json.dumps({"verifier": {"1": 0.01, "2": 0.011, "16": 0.02}, "drafter": {"1": 0.001}}))
+    out = tmp_path / "rows.jsonl"
+    common = ["--verifier", str(models / "verifier"), "--drafter", str(models / "drafter"), "--no-demo", "--spec-bench",
+              str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "16", "--threads", "1",
+              "--profile", str(profile), "--variant", "additive", "--variant", "shipped", "--out", str(out)]
+    run("experiments/cost_drift_model.py", *common, "--slowdown", "1.0", "--slowdown", "2.0")
+    table = run("experiments/cost_drift_model.py", *common, "--slowdown", "2.0", "--overhead", "0.001")  # added to
+    assert RoundCosts._from_prior is from_prior
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 12 and len({tuple(r["tokens"]) for r in rows if r["id"] == "0"}) == 1
+    for row in rows:
+        assert row["plain_seconds"] == pytest.approx((0.01 * row["slowdown"] + row["overhead"]) * row["new_tokens"])
+    same_speed = {(r["id"], r["variant"]): r["seconds"] for r in rows if r["slowdown"] == 1.0}
+    assert same_speed[("0", "additive")] == same_speed[("0", "shipped")]
+    assert "| 2.0 | 1.0 ms | shipped |" in table and "| 1.0 | 0.0 ms | additive |" in table
+
+
 def test_lookup_decay_ab(models, tmp_path):
     import hf_specdiff.decoding as decoding
 

@@ -237,11 +237,15 @@ class RoundCosts:
     once, whatever g). Until two draft lengths are measured, the slope is `prior_slope` times the intercept: it
     assumes extra verified tokens are cheap, and lets the policy try longer drafts until measurements say otherwise.
 
-    With a `prior` (seconds of rounds by length, from this machine's `CostProfile`), a round costs the prior plus
-    what the loop measurably adds to it: the policy knows from the first round what each length costs. What it adds
-    is kept apart for plain steps (g = 0) and for rounds that draft: a drafting round pays more than its forwards
-    (the drafter's cache, the verifier's features, a longer cache to cut), and one mean for both made drafting look
-    cheaper than it is where most rounds are plain steps."""
+    With a `prior` (seconds of rounds by length, from this machine's `CostProfile`), a round costs the prior times
+    how much slower the machine runs now than when the profile was measured (`slowdown`), plus what the loop measurably
+    adds beyond that: the policy knows from the first round what each length costs. The slowdown is one factor over
+    every round measured: a shared or throttled machine slows every forward alike, so a long round slows more than a
+    short one, and an amount added to every round alike priced long trees under their cost there (docs/benchmarks.md,
+    "Round costs on a machine slower than its profile"). What the loop adds is kept apart for plain steps (g = 0) and
+    for rounds that draft: a drafting round pays more than its forwards (the drafter's cache, the verifier's
+    features, a longer cache to cut), and one mean for both made drafting look cheaper than it is where most rounds
+    are plain steps."""
 
     min_slope = 0.005  # a verified token is never taken as free: noise must not make the longest draft look best
     prior_rounds = 4  # the weight of `prior` against measured rounds, in rounds
@@ -252,13 +256,15 @@ class RoundCosts:
         self.seconds: dict[int, float] = {}
         self.rounds: dict[int, int] = {}
         self._prior_seconds: dict[int, float] = {}  # the prior by length, read once (rounds ask every time)
-        self._excess = [0.0, 0.0]  # measured seconds minus the prior's, summed over plain steps and drafting rounds
+        self._measured = [0.0, 0.0]  # seconds measured, summed over plain steps and drafting rounds
+        self._expected = [0.0, 0.0]  # the prior's seconds of the same rounds
 
     def record(self, length: int, seconds: float):
         self.seconds[length] = self.seconds.get(length, 0.0) + seconds
         self.rounds[length] = self.rounds.get(length, 0) + 1
         if self.prior is not None:
-            self._excess[length > 0] += seconds - float(self._prior_at(torch.tensor([length]))[0])
+            self._measured[length > 0] += seconds
+            self._expected[length > 0] += float(self._prior_at(torch.tensor([length]))[0])
 
     def predict(self, lengths: torch.Tensor) -> torch.Tensor:
         """Relative cost of rounds of these lengths (any positive scale; seconds with a `prior`)."""
@@ -272,14 +278,24 @@ class RoundCosts:
         return cost.float()
 
     def _from_prior(self, lengths: torch.Tensor) -> torch.Tensor:
-        """The prior's seconds plus what the loop adds to them: measured seconds minus the prior's, averaged over the
-        rounds measured of the same kind (plain steps, drafting rounds) and `prior_rounds` rounds that add nothing."""
+        """The prior's seconds times `slowdown`, plus what each kind of round (plain steps, drafting rounds) measurably
+        adds beyond that, averaged over the rounds of that kind measured and `prior_rounds` rounds that add nothing."""
+        slowdown = self.slowdown
+        counts = [self.rounds.get(0, 0), sum(self.rounds.values()) - self.rounds.get(0, 0)]
+        added = [(measured - slowdown * expected) / (count + self.prior_rounds)
+                 for measured, expected, count in zip(self._measured, self._expected, counts)]
         prior = self._prior_at(lengths)
-        plain = self.rounds.get(0, 0)
-        drafted = sum(self.rounds.values()) - plain
-        excess = torch.where(torch.as_tensor(lengths) > 0, self._excess[1] / (drafted + self.prior_rounds),
-                             self._excess[0] / (plain + self.prior_rounds))
-        return (prior + excess).clamp_min(0.1 * prior).float()
+        added = torch.where(torch.as_tensor(lengths) > 0, added[1], added[0])
+        return (slowdown * prior + added).clamp_min(0.1 * prior).float()
+
+    @property
+    def slowdown(self) -> float:
+        """Measured seconds over the prior's, over every round measured, averaged with `prior_rounds` rounds at 1:
+        above 1 where the machine runs slower now than when its profile was measured."""
+        rounds = sum(self.rounds.values()) if self.prior is not None else 0
+        if not rounds:
+            return 1.0
+        return (rounds * sum(self._measured) / sum(self._expected) + self.prior_rounds) / (rounds + self.prior_rounds)
 
     def _prior_at(self, lengths: torch.Tensor) -> torch.Tensor:
         keys = [int(g) for g in torch.as_tensor(lengths).tolist()]
