@@ -27,8 +27,8 @@ import torch
 
 from hf_specdiff import decoding
 from hf_specdiff.costs_specdiff import CostProfile, RoundCosts
-from hf_specdiff.tools.verifiers import DEFAULT_VERIFIER, load_pair
-from modeled_speedup import VirtualClock, install_clock, prompts, speedup
+from hf_specdiff.tools.verifiers import load_pair
+from modeled_speedup import VirtualClock, add_run_arguments, install_clock, prompts, speedup
 
 VARIANTS = ("additive", "ratio", "shipped")
 
@@ -129,14 +129,7 @@ def main():
     parser.add_argument("--slowdown", type=float, action="append", required=True)
     parser.add_argument("--overhead", type=float, default=0.0, help="seconds of host work a round")
     parser.add_argument("--variant", action="append", choices=VARIANTS)
-    parser.add_argument("--verifier", default=DEFAULT_VERIFIER)
-    parser.add_argument("--drafter", help="a drafter folder (default: the one shipped for --verifier)")
-    parser.add_argument("--demo", action=argparse.BooleanOptionalAction, default=True, help="the demo's prompts too")
-    parser.add_argument("--per-category", type=int, default=1)
-    parser.add_argument("--spec-bench", default="../shared/data/spec_bench/question.jsonl")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", required=True)
+    add_run_arguments(parser, per_category=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     profile = CostProfile.from_dict(json.loads(Path(args.profile).read_text()))

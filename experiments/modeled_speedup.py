@@ -179,6 +179,18 @@ def summarize(path: str) -> str:
     return "\n".join(lines)
 
 
+def add_run_arguments(parser: argparse.ArgumentParser, per_category: int):
+    """The models, prompts, length, threads and output file of a modeled run."""
+    parser.add_argument("--verifier", default=DEFAULT_VERIFIER)
+    parser.add_argument("--drafter", help="a drafter folder (default: the one shipped for --verifier)")
+    parser.add_argument("--demo", action=argparse.BooleanOptionalAction, default=True, help="the demo's prompts too")
+    parser.add_argument("--per-category", type=int, default=per_category)
+    parser.add_argument("--spec-bench", default="../shared/data/spec_bench/question.jsonl")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--out", required=True)
+
+
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "--summarize":
         print(summarize(sys.argv[2]))
@@ -186,14 +198,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", action="append", required=True, help="a cost profile's JSON file")
     parser.add_argument("--variant", action="append", required=True)
-    parser.add_argument("--verifier", default=DEFAULT_VERIFIER)
-    parser.add_argument("--drafter", help="a drafter folder (default: the one shipped for --verifier)")
-    parser.add_argument("--demo", action=argparse.BooleanOptionalAction, default=True, help="the demo's prompts too")
-    parser.add_argument("--per-category", type=int, default=2)
-    parser.add_argument("--spec-bench", default="../shared/data/spec_bench/question.jsonl")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--out", required=True)
+    add_run_arguments(parser, per_category=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     profiles = {Path(p).stem: CostProfile.from_dict(json.loads(Path(p).read_text())) for p in args.profile}
