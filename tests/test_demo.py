@@ -5,7 +5,8 @@ import io
 import torch
 
 from hf_specdiff.tools.bench import benchmark
-from hf_specdiff.tools.demo import DraftMarkingStreamer, run_demo
+from hf_specdiff.costs_specdiff import CostProfile
+from hf_specdiff.tools.demo import DraftMarkingStreamer, run_demo, speed_change_note
 from hf_specdiff.training.evaluate import evaluate_drafter
 from helpers import greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
@@ -21,6 +22,15 @@ def test_streamer_marks_accepted_draft_tokens():
             streamer.put(torch.tensor([round_tokens]))
         streamer.end()
         assert out.getvalue() == expected
+
+
+def test_demo_says_when_the_machine_runs_at_another_speed_than_its_cost_profile(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_SPECDIFF_COSTS", str(tmp_path / "costs"))
+    profile = CostProfile({1: 0.030, 2: 0.032})
+    assert speed_change_note(profile, 0.040) is None and speed_change_note(profile, 0.021) is None
+    slower, faster = speed_change_note(profile, 0.060), speed_change_note(profile, 0.015)
+    assert "60.0 ms a token here, 2.0x" in slower and "was quieter when" in slower and str(tmp_path / "costs") in slower
+    assert "0.5x" in faster and "was busier when" in faster
 
 
 def thread_counts(model) -> set:

@@ -6,7 +6,7 @@ import sys
 import torch
 
 from ..decoding import SpecDiffStats, generate
-from ..costs_specdiff import device_clock
+from ..costs_specdiff import CostProfile, cost_profile_dir, device_clock
 from .doctor import DTYPES, Outlook, load_fastest
 from .threads import torch_threads
 from .verifiers import DEFAULT_VERIFIER, load_pair
@@ -93,9 +93,26 @@ def run_demo(prompts: str | list[str] | None = None, verifier: str = DEFAULT_VER
                                                                         lookup_tokens=lookup_tokens),
                             max_new_tokens, colour) for prompt in prompts]
         _print_total(results, model.dtype)
-        _print_outlook(Outlook(str(model.dtype).removeprefix("torch."), draft_model.cost_profile(model),
-                               draft_model.config.max_draft_tokens))
+        profile = draft_model.cost_profile(model)
+        _print_outlook(Outlook(str(model.dtype).removeprefix("torch."), profile, draft_model.config.max_draft_tokens))
+        note = speed_change_note(profile, sum(r["plain_s"] for r in results) / sum(r["tokens"] for r in results))
+        if note:
+            print(note)
         return results
+
+
+def speed_change_note(profile: CostProfile, plain_seconds_per_token: float, threshold: float = 1.5) -> str | None:
+    """What to tell the user when plain decoding ran here at least `threshold` times slower or faster per token than
+    the cost profile's plain step: the machine was busier or quieter when its costs were measured. Each generation
+    rescales the profile by what its rounds measure, but `--dtype auto` chose the dtype from the profile alone."""
+    ratio = plain_seconds_per_token / profile.plain_step
+    if 1 / threshold < ratio < threshold:
+        return None
+    return (f"note: plain decoding took {1000 * plain_seconds_per_token:.1f} ms a token here, {ratio:.1f}x this "
+            f"machine's cost profile ({1000 * profile.plain_step:.1f} ms a step): the machine was "
+            f"{'quieter' if ratio > 1 else 'busier'} when its costs were measured. Each generation rescales them by "
+            "what it measures, but the dtype was chosen from them; to measure them again, delete "
+            f"{cost_profile_dir()}.")
 
 
 def _print_total(results: list[dict], dtype: torch.dtype):
