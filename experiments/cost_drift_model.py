@@ -33,24 +33,17 @@ from modeled_speedup import VirtualClock, add_run_arguments, install_clock, prom
 VARIANTS = ("additive", "ratio", "shipped")
 
 
-def _kinds(costs: RoundCosts) -> tuple[list[float], list[float], list[int]]:
-    """Measured and prior seconds summed, and rounds counted, over plain steps and drafting rounds."""
-    plain = costs.rounds.get(0, 0)
-    return costs._measured, costs._expected, [plain, sum(costs.rounds.values()) - plain]
-
-
 def additive_from_prior(costs: RoundCosts, lengths: torch.Tensor) -> torch.Tensor:
     prior = costs._prior_at(lengths)
-    measured, expected, counts = _kinds(costs)
-    added = [(m - e) / (n + costs.prior_rounds) for m, e, n in zip(measured, expected, counts)]
+    added = [(m - e) / (n + costs.prior_rounds)
+             for m, e, n in zip(costs._measured, costs._expected, costs.rounds_by_kind)]
     return (prior + torch.where(torch.as_tensor(lengths) > 0, added[1], added[0])).clamp_min(0.1 * prior).float()
 
 
 def ratio_from_prior(costs: RoundCosts, lengths: torch.Tensor) -> torch.Tensor:
     prior = costs._prior_at(lengths)
-    measured, expected, counts = _kinds(costs)
     ratio = [(n * m / e + costs.prior_rounds) / (n + costs.prior_rounds) if n else 1.0
-             for m, e, n in zip(measured, expected, counts)]
+             for m, e, n in zip(costs._measured, costs._expected, costs.rounds_by_kind)]
     return (prior * torch.where(torch.as_tensor(lengths) > 0, ratio[1], ratio[0])).float()
 
 

@@ -32,14 +32,11 @@ def tree_of(num_nodes: int, vocab: int, branches: int = 4) -> decoding.DraftTree
     return decoding.DraftTree.from_drafts([torch.randint(0, vocab, (size,)).tolist() for size in sizes if size > 0])
 
 
-def tree_forward(model, cache, token: torch.Tensor, tree: decoding.DraftTree):
-    """The tree loop's verifier forward over one committed `token` [1, 1] and `tree`, under its 4D mask: logits [1,
-    1 + len(tree), V], row 1 + n at node n."""
-    positions = decoding.tree_positions(cache.get_seq_length(), 1, tree)
-    mask = decoding.tree_attention_mask(model, cache, 1, tree, model.dtype, positions)
-    with decoding.grouped_heads_in_sdpa(model):
-        return model(input_ids=torch.cat([token, tree.tokens[None]], dim=1), position_ids=positions[None],
-              attention_mask=mask, **{CACHE_KWARG: cache}, use_cache=True, logits_to_keep=1 + len(tree)).logits
+def tree_forward(model, cache, token: torch.Tensor, tree: decoding.DraftTree) -> torch.Tensor:
+    """The tree loop's verifier forward (`decoding.tree_forward`) over one committed `token` [1, 1] and `tree`: logits
+    [1, 1 + len(tree), V], row 1 + n at node n."""
+    return decoding.tree_forward(model, cache, torch.cat([token, tree.tokens[None]], dim=1), 1, tree, use_cache=True,
+                                 logits_to_keep=1 + len(tree)).logits
 
 
 @torch.no_grad()

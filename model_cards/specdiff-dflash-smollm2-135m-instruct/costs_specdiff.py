@@ -281,12 +281,17 @@ class RoundCosts:
         """The prior's seconds times `slowdown`, plus what each kind of round (plain steps, drafting rounds) measurably
         adds beyond that, averaged over the rounds of that kind measured and `prior_rounds` rounds that add nothing."""
         slowdown = self.slowdown
-        counts = [self.rounds.get(0, 0), sum(self.rounds.values()) - self.rounds.get(0, 0)]
         added = [(measured - slowdown * expected) / (count + self.prior_rounds)
-                 for measured, expected, count in zip(self._measured, self._expected, counts)]
+                 for measured, expected, count in zip(self._measured, self._expected, self.rounds_by_kind)]
         prior = self._prior_at(lengths)
         added = torch.where(torch.as_tensor(lengths) > 0, added[1], added[0])
         return (slowdown * prior + added).clamp_min(0.1 * prior).float()
+
+    @property
+    def rounds_by_kind(self) -> list[int]:
+        """Rounds measured: plain steps, drafting rounds."""
+        plain = self.rounds.get(0, 0)
+        return [plain, sum(self.rounds.values()) - plain]
 
     @property
     def slowdown(self) -> float:

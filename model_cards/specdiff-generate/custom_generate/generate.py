@@ -394,6 +394,16 @@ def tree_attention_mask(verifier, cache, num_committed: int, tree: DraftTree, dt
     return {kind: build(types.index(kind), window if kind == "sliding_attention" else None) for kind in set(types)}
 
 
+def tree_forward(verifier, cache, input_ids: torch.LongTensor, num_committed: int, tree: DraftTree, **kwargs):
+    """The verifier's forward over `input_ids` [1, num_committed + len(tree)], the uncommitted prefix tokens then the
+    tree's nodes, after `cache`: a position per node, the tree's attention mask (`tree_attention_mask`)."""
+    positions = host_to_device(tree_positions(cache.get_seq_length(), num_committed, tree), input_ids.device)
+    mask = tree_attention_mask(verifier, cache, num_committed, tree, verifier.dtype, positions)
+    with grouped_heads_in_sdpa(verifier), tree_attention_kernels(verifier):
+        return verifier(input_ids=input_ids, position_ids=positions[None], attention_mask=mask, **{CACHE_KWARG: cache},
+                        **kwargs)
+
+
 def compact_cache(cache, num_tree: int, keep: list[int]):
     """Drop the tree nodes not in `keep` (indices into the last `num_tree` cache entries): the kept entries move up
     in place (unless they are already the first ones), then the cache's own `crop` removes the rest (and trims
@@ -673,11 +683,7 @@ class TreeDecoding:
         input_ids = torch.cat([committed, round_.tokens[None]], dim=1)
         if tree.is_chain:
             return self.verifier(input_ids=input_ids, **{CACHE_KWARG: cache}, **kwargs)
-        positions = host_to_device(tree_positions(round_.past, committed.shape[1], tree), committed.device)
-        mask = tree_attention_mask(self.verifier, cache, committed.shape[1], tree, self.verifier.dtype, positions)
-        with grouped_heads_in_sdpa(self.verifier), tree_attention_kernels(self.verifier):
-            return self.verifier(input_ids=input_ids, position_ids=positions[None], attention_mask=mask,
-                                 **{CACHE_KWARG: cache}, **kwargs)
+        return tree_forward(self.verifier, cache, input_ids, committed.shape[1], tree, **kwargs)
 
     def target_scores(self, input_ids: torch.LongTensor, logits: torch.Tensor, round_: TreeRound):
         """The verifier's processed logits: row 0 at the last committed token, row 1 + n at node n, each processed
