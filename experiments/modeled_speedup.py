@@ -30,7 +30,7 @@ from unittest import mock
 
 import torch
 
-from hf_specdiff import decoding, policies_specdiff
+from hf_specdiff import decoding, modeling_specdiff, policies_specdiff
 from hf_specdiff.costs_specdiff import CostProfile
 from hf_specdiff.policies_specdiff import LOOKUP_NGRAM, prompt_lookup_match
 from hf_specdiff.tools.bench import read_spec_bench
@@ -58,6 +58,7 @@ def install_clock(clock: VirtualClock, drafter, patches: contextlib.ExitStack):
     patches.enter_context(mock.patch.object(decoding, "time", types.SimpleNamespace(perf_counter=clock.now)))
     patches.enter_context(mock.patch.object(decoding, "device_clock", clock.now))
     patches.enter_context(mock.patch.object(policies_specdiff, "device_clock", clock.now))
+    patches.enter_context(mock.patch.object(modeling_specdiff, "device_clock", clock.now))
     verify = decoding.TreeDecoding.verify
 
     def charged_verify(self, round_, cache):

@@ -35,7 +35,7 @@ def main():
     torch.set_num_threads(2)
     verifier, tokenizer = load_verifier(args.verifier, dtype=DTYPES[args.dtype])
     drafter = SpecDiffDrafter.from_pretrained(args.drafter or shipped_drafter_path(), dtype=DTYPES[args.dtype]).eval()
-    DraftLengthPolicy.next_length = lambda self, allow_skip=False: 0  # every round a plain step
+    DraftLengthPolicy.next_length = lambda self, *args, **kwargs: 0  # every round a plain step
     decoding.tree_budget = lambda probs, costs, max_nodes: 0  # a tree's lookup drafts found and weighed, none verified
     drafter.assistant_lookup_tokens = 0
     assistant = drafter.attach(verifier) if drafter.config.is_conditioned else drafter

@@ -30,7 +30,7 @@ def run(verifier, drafter, inputs, config: str, max_new_tokens: int) -> torch.Te
         return verifier.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False, prompt_lookup_num_tokens=10)
     next_length = policies_specdiff.DraftLengthPolicy.next_length
     if config == "lookup-tree":
-        policies_specdiff.DraftLengthPolicy.next_length = lambda self, allow_skip=False: 0
+        policies_specdiff.DraftLengthPolicy.next_length = lambda self, *args, **kwargs: 0
     try:
         return hf_specdiff.generate(verifier, drafter, **inputs, max_new_tokens=max_new_tokens, do_sample=False,
                                     num_drafts=4, lookup_tokens=10, **options)
@@ -53,6 +53,7 @@ def main(argv=None):
     torch.set_num_threads(2)
     verifier, tokenizer = load_verifier(args.verifier, dtype=torch.float32 if args.fp32 else torch.bfloat16)
     drafter = SpecDiffDrafter.from_pretrained(args.drafter or shipped_drafter_path()).eval()
+    drafter.cost_profile(verifier)  # measured (once per machine) before forwards are counted
     forwards = []
     verifier.register_forward_hook(lambda *_: forwards.append(1))
     totals = {}  # category -> config -> [tokens, forwards]

@@ -101,6 +101,7 @@ class SpecDiffStats:
     rounds: int = 0
     new_tokens: int = 0
     drafter_forwards: int = 0
+    shadow_probes: int = 0  # drafts made to measure acceptance and not verified (`TreeDecoding.shadow_probe`)
     drafted: list[int] = field(default_factory=list)  # drafted[i]: rounds that drafted position i
     accepted: list[int] = field(default_factory=list)  # accepted[i]: rounds that accepted position i
 
@@ -125,7 +126,8 @@ class SpecDiffStats:
 
     def as_dict(self) -> dict:
         return {"rounds": self.rounds, "new_tokens": self.new_tokens, "tau": self.tau,
-                "drafter_forwards": self.drafter_forwards, "acceptance_by_position": self.acceptance_by_position}
+                "drafter_forwards": self.drafter_forwards, "shadow_probes": self.shadow_probes,
+                "acceptance_by_position": self.acceptance_by_position}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -551,8 +553,9 @@ def lookup_acceptance_rates(drafter, max_length: int, first_prior: float):
 
 
 class TreeDecoding:
-    """Self-selection decoding in named steps: `draft_tree`, `verify`, `target_scores`, `accept`, `learn`,
-    `record_features`, `commit`; `__call__` runs them until a stopping criterion fires."""
+    """Self-selection decoding in named steps: `draft_tree` (with a `shadow_probe` where the length policy asks for
+    one), `verify`, `target_scores`, `accept`, `learn`, `record_features`, `commit`; `__call__` runs them until a
+    stopping criterion fires."""
 
     def __init__(self, verifier, drafter, generation_config, logits_processor, stopping_criteria, *, num_drafts: int,
                  draft_length: int | None, lookup_tokens: int, num_lookup_drafts: int, max_tree_nodes: int | None,
@@ -576,6 +579,9 @@ class TreeDecoding:
         self.lookup_acceptance = [lookup_acceptance_rates(drafter, lookup_tokens, first_prior=0.5 / (rank + 1))
                                   for rank in range(self.num_lookup_drafts)]
         self.drafter_cache = drafter.new_cache()
+        # greedy probes may draft without verifying (none with a drafter whose remote code predates them)
+        self.shadow_probes = not self.do_sample and hasattr(drafter, "new_shadow_draft")
+        self.shadow = None  # a shadow probe's drafts, compared with the tokens committed since
         self.output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
         self.scores: list[torch.Tensor] = []
         self.host_stops = HostStops.from_criteria(stopping_criteria)
@@ -611,7 +617,13 @@ class TreeDecoding:
         started = time.perf_counter()
         past = cache.get_seq_length()
         room = self.generation_config.max_length - input_ids.shape[1] - 1
-        num_tokens = min(self.length_policy.next_length(allow_skip=True), room)  # 0: the drafter does not pay
+        if self.shadow_probes:
+            num_tokens = self.length_policy.next_length(allow_skip=True, allow_shadow=True)
+            if self.length_policy.shadow_length and room > 0:
+                started += self.shadow_probe(input_ids, min(self.length_policy.shadow_length, room))
+        else:
+            num_tokens = self.length_policy.next_length(allow_skip=True)
+        num_tokens = min(num_tokens, room)  # 0: the drafter does not pay
         if num_tokens and self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
             num_tokens = 0  # the verifier reads the prompt first
         lookups = prompt_lookup(self.host_ids, min(self.lookup_tokens, room), self.num_lookup_drafts) \
@@ -636,6 +648,21 @@ class TreeDecoding:
         tree = DraftTree.from_drafts(drafts, fixed=kept)
         return TreeRound(input_ids[:, past:], past, lookups, drafts, draft_scores, tree,
                          host_to_device(tree.tokens, input_ids.device), started)
+
+    def shadow_probe(self, input_ids: torch.LongTensor, num_tokens: int) -> float:
+        """A greedy probe that verifies nothing, where the drafter's call costs less than a verified probe loses: the
+        K likeliest drafts, which `learn` compares with the tokens committed next. Returns its seconds, which the
+        round's measured cost leaves out (the round is a plain step)."""
+        started = device_clock(self.drafter.device)
+        if self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
+            return 0.0
+        single = self.num_drafts == 1
+        _, draft_scores = self.drafter.draft(input_ids.to(self.drafter.device), self.drafter_cache, num_tokens,
+                                             self.logits_processor, num_steps=None if single else 1)
+        self.stats.drafter_forwards += min(num_tokens, self.drafter.config.num_denoising_steps) if single else 1
+        self.stats.shadow_probes += 1
+        self.shadow = self.drafter.new_shadow_draft(self.candidates([], draft_scores.to(input_ids.device))[0])
+        return device_clock(self.drafter.device) - started
 
     def _tree_budget(self):
         """(round costs, node cap): a tree sized by measured cost up to `DEFAULT_MAX_TREE_NODES`, or (None,
@@ -712,6 +739,11 @@ class TreeDecoding:
                 self.length_policy.decline()
         if round_.lookups:
             self.learn_lookup(round_.lookups, tree.tokens[path].tolist() + [next_token])
+        if self.shadow is not None:
+            accepted = self.shadow.observe(tree.tokens[path].tolist() + [next_token])
+            if accepted is not None:
+                self.length_policy.update_shadow(self.shadow.length, accepted)
+                self.shadow = None
         if round_.committed.shape[1] == 1:  # a round that read no prompt
             self.learn_costs(round_, device_clock(self.verifier.device) - round_.started)
 

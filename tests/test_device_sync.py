@@ -113,7 +113,9 @@ def test_a_greedy_tree_round_reads_the_device_only_where_it_decides(lookup_token
 
 def test_a_drop_in_round_reads_the_device_only_in_the_drafters_cache():
     """Called by transformers' assisted loop (which syncs on its own), the drafter's round adds at most the cache's
-    comparison: acceptance comes from the sequence's length, the input checks run once per generation."""
+    comparison: acceptance comes from the sequence's length, the input checks run once per generation; a shadow probe
+    (where the measured costs make one cheaper than a verified probe) reads its draft and the tokens committed after
+    it."""
     verifier, drafter = trained_standalone("llama")
     prompt = PROMPTS[:1].clone()
 
@@ -123,7 +125,7 @@ def test_a_drop_in_round_reads_the_device_only_in_the_drafters_cache():
 
     reads, _ = _reads_per_round(run, verifier, drafter, prompt)
     ours = {site: count for site, count in reads.items() if site != "outside hf_specdiff"}
-    assert set(ours) <= {"sync", "_check_inputs", "prompt_lookup_match", "_lookup_draft"}, ours
+    assert set(ours) <= {"sync", "_check_inputs", "prompt_lookup_match", "_lookup_draft", "observe", "shadowed"}, ours
 
 
 def test_tree_forwards_on_cuda_keep_sdpa_off_cudnn_and_cpu_forwards_untouched(monkeypatch):

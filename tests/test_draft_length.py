@@ -5,12 +5,15 @@ import torch
 
 import hf_specdiff.costs_specdiff as costs_specdiff
 from hf_specdiff.costs_specdiff import CostProfile, RoundCosts
-from hf_specdiff.policies_specdiff import AssistantRounds, DraftLengthPolicy
+from hf_specdiff.policies_specdiff import AssistantRounds, DraftLengthPolicy, ShadowDraft
 from helpers import greedy_sequences, tiny_drafter, tiny_verifier, train_briefly
 
 PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(4))
 # as if each drafted token cost two plain steps (seconds of a verifier forward by new tokens; the drafter free)
 DEAR_TOKENS = CostProfile({1: 1.0, 2: 3.0, 3: 5.0})
+# a verified token cheap but the drafter's call as dear as a plain step: drafting does not pay, and a verified probe
+# loses less than a shadow probe (the drafter's call alone) would
+DEAR_DRAFTER = CostProfile({1: 1.0, 2: 1.2, 3: 1.4}, {1: 1.0, 16: 1.0})
 
 
 @pytest.fixture
@@ -237,11 +240,94 @@ def test_k1_loop_skips_drafting_where_it_does_not_pay_and_probes_now_and_then(no
     drafter = tiny_drafter(verifier, block_size=8)
     stats = hf_specdiff.SpecDiffStats()
     out = hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=40, do_sample=False, eos_token_id=None,
-                               stats=stats, cost_profile=DEAR_TOKENS)
+                               stats=stats, cost_profile=DEAR_DRAFTER)
     assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=40, do_sample=False,
                                              eos_token_id=None).tolist()
     drafting_rounds = stats.drafted[0] if stats.drafted else 0
     assert 1 <= drafting_rounds <= 40 // DraftLengthPolicy.probe_every + 1, stats.as_dict()
+    assert stats.shadow_probes == 0  # the drafter's call is dear: verified probes lose less
+
+
+def test_shadow_draft_reports_the_best_rows_accepted_count_once_no_row_can_match_more():
+    shadow = ShadowDraft([[1, 2, 3], [1, 4], []])
+    assert shadow.length == 3
+    assert shadow.observe([1]) is None  # both rows still match
+    assert shadow.observe([2]) is None  # [1, 2, 3] may yet match whole
+    assert shadow.observe([9, 5]) == 2
+    assert ShadowDraft([[1, 2, 3], [1, 4]]).observe([7]) == 0
+    assert ShadowDraft([[1, 2]]).observe([1, 2, 8]) == 2  # matched whole
+
+
+def test_a_probe_verifies_nothing_where_the_drafters_call_costs_less_than_a_verified_token_loses():
+    """A verified one-token probe costs a round of length 1 and brings 1 + a_0 tokens; a shadow probe costs the
+    drafter's call alone. The policy takes the cheaper one, only where the loop allows shadows (greedy), and a
+    shadow probe's outcome (`update_shadow`) makes the next round weigh the lengths again."""
+    def policy(verifier_seconds, drafter_seconds):  # drafting at the prior's acceptance does not pay on either
+        profile = CostProfile(verifier_seconds, {1: drafter_seconds, 16: drafter_seconds})
+        return DraftLengthPolicy(8, costs=RoundCosts(prior=profile.round_seconds), draft_seconds=profile.drafter_seconds)
+
+    every = DraftLengthPolicy.probe_every
+    cheap = policy({1: 1.0, 2: 1.8, 16: 3.0}, 0.05)  # a verified probe loses 0.35 plain steps, a shadow one 0.05
+    assert [cheap.next_length(allow_skip=True, allow_shadow=True) for _ in range(every)] == [0] * every
+    assert cheap.shadow_length == 1 and not cheap.probing
+    assert cheap.next_length(allow_skip=True, allow_shadow=True) == 0 and cheap.shadow_length == 0
+    for _ in range(20):
+        cheap.update_shadow(1, 1)  # every probe's token would have been accepted: long drafts pay
+    assert cheap.next_length(allow_skip=True, allow_shadow=True) > 1
+    dear = policy({1: 1.0, 2: 1.2, 16: 4.0}, 1.0)  # a verified probe loses 0.7 plain steps, a shadow one 1.0
+    assert [dear.next_length(allow_skip=True, allow_shadow=True) for _ in range(every)] == [0] * (every - 1) + [1]
+    assert dear.probing and dear.shadow_length == 0
+    sampling = policy({1: 1.0, 2: 1.8, 16: 3.0}, 0.05)  # a loop that takes no shadow probe
+    assert [sampling.next_length(allow_skip=True) for _ in range(every)] == [0] * (every - 1) + [1]
+
+
+@pytest.mark.parametrize("num_drafts,lookup_tokens", [(1, 0), (4, 4)])
+def test_greedy_loops_measure_acceptance_with_shadow_probes_where_verifying_a_token_is_dear(num_drafts, lookup_tokens,
+                                                                                           no_wall_clock, monkeypatch):
+    """Where a verified token costs two plain steps and the drafter's call nothing, the tree loop's probes verify no
+    drafted token: their drafts are compared with the tokens committed next, and the policy learns from that. The
+    output stays plain greedy's; sampling keeps verified probes."""
+    import hf_specdiff
+
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8)
+    shadows = []
+    update_shadow = DraftLengthPolicy.update_shadow
+    monkeypatch.setattr(DraftLengthPolicy, "update_shadow",
+                        lambda self, *args: shadows.append(args) or update_shadow(self, *args))
+    stats = hf_specdiff.SpecDiffStats()
+    out = hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=40, do_sample=False, eos_token_id=None,
+                               num_drafts=num_drafts, lookup_tokens=lookup_tokens, stats=stats, cost_profile=DEAR_TOKENS)
+    assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=40, do_sample=False,
+                                             eos_token_id=None).tolist()
+    assert 1 <= stats.shadow_probes <= 40 // DraftLengthPolicy.probe_every and not any(stats.drafted), stats.as_dict()
+    assert shadows and all(length >= 1 and 0 <= accepted <= length for length, accepted in shadows), shadows
+    sampled = hf_specdiff.SpecDiffStats()
+    hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=40, do_sample=True, eos_token_id=None,
+                         num_drafts=num_drafts, lookup_tokens=lookup_tokens, stats=sampled, cost_profile=DEAR_TOKENS)
+    assert sampled.shadow_probes == 0
+
+
+def test_drop_in_probes_verify_nothing_where_verifying_a_token_is_dear(no_wall_clock, monkeypatch):
+    """transformers' greedy loop runs plain steps only, the drafter's shadow probes measuring its acceptance."""
+    verifier = tiny_verifier("llama")
+    drafter = paired(verifier, tiny_drafter(verifier, block_size=8), DEAR_TOKENS)
+    drafter.assistant_lookup_tokens = 0
+    shadows = []
+    update_shadow = DraftLengthPolicy.update_shadow
+    monkeypatch.setattr(DraftLengthPolicy, "update_shadow",
+                        lambda self, *args: shadows.append(args) or update_shadow(self, *args))
+    forwards = []
+    hook = verifier.register_forward_hook(lambda _, args, kwargs, out: forwards.append(kwargs["input_ids"].shape[1]),
+                                          with_kwargs=True)
+    try:
+        out = drop_in(verifier, drafter, PROMPTS[:1], [])
+    finally:
+        hook.remove()
+    assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=60, do_sample=False,
+                                             eos_token_id=None).tolist()
+    assert set(forwards[1:]) == {1}, forwards  # after the prompt, plain steps only
+    assert shadows and all(length >= 1 and 0 <= accepted <= length for length, accepted in shadows), shadows
 
 
 def test_a_draft_the_tree_budget_cuts_whole_counts_as_a_skip_and_the_probes_keep_their_gap():

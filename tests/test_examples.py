@@ -315,6 +315,37 @@ def test_cost_drift_model(models, tmp_path):
     assert "| 2.0 | 1.0 ms | shipped |" in table and "| 1.0 | 0.0 ms | additive |" in table
 
 
+def test_probe_kinds_model(models, tmp_path):
+    """Where a verified token is dear and the drafter's call cheap, the shadow rows probe without verifying and take
+    less time than the verified ones on every path, the drop-in path's forwards charged by their new tokens (its
+    prompt's as one step); every row is plain greedy's text; the policy is as it was afterwards."""
+    from hf_specdiff.policies_specdiff import DraftLengthPolicy
+
+    shadow_probe_length = DraftLengthPolicy._shadow_probe_length
+    profile = tmp_path / "dear.json"
+    profile.write_text(json.dumps({"verifier": {"1": 0.01, "2": 0.03, "16": 0.3}, "drafter": {"1": 0.001}}))
+    out = tmp_path / "rows.jsonl"
+    common = ["--verifier", str(models / "verifier"), "--drafter", str(models / "conditioned"), "--no-demo",
+              "--spec-bench", str(models / "prompts.jsonl"), "--per-category", "1", "--max-new-tokens", "24",
+              "--threads", "1", "--profile", str(profile), "--out", str(out)]
+    run("experiments/probe_kinds_model.py", *common)
+    run("experiments/probe_kinds_model.py", *common)  # resumed: nothing to add
+    assert DraftLengthPolicy._shadow_probe_length is shadow_probe_length
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 * 3 * 2 and all(len({tuple(r["tokens"]) for r in rows if r["id"] == i}) == 1 for i in "01")
+    seconds = {(r["id"], r["path"], r["probes"]): r["seconds"] for r in rows}
+    for row in rows:
+        assert row["plain_seconds"] <= row["seconds"] < 1.5 * row["plain_seconds"], row
+        if row["path"] != "drop-in":
+            assert (row["shadow_probes"] > 0) == (row["probes"] == "shadow"), row
+        else:  # plain steps and the probes, as in the K=1 loop: its prompt's forward was charged as one step
+            assert row["seconds"] == pytest.approx(seconds[(row["id"], "k1", row["probes"])], rel=0.08), row
+        if row["probes"] == "shadow":
+            assert row["seconds"] < seconds[(row["id"], row["path"], "verified")], row
+    table = run("experiments/probe_kinds_model.py", "--summarize", str(out))
+    assert "| dear | drop-in | shadow |" in table and "| dear | k1 | verified |" in table
+
+
 def test_lookup_decay_ab(models, tmp_path):
     import hf_specdiff.decoding as decoding
 

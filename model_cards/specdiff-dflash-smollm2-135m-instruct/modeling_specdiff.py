@@ -33,9 +33,10 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from .configuration_specdiff import SpecDiffConfig
-from .costs_specdiff import CostProfile, RoundCosts, cost_profile
+from .costs_specdiff import CostProfile, RoundCosts, cost_profile, device_clock
 from .generation_specdiff import SpecDiffCache, VerifierFeatures, VerifierHooks, draft_block, point_mass_scores
-from .policies_specdiff import LOOKUP_NGRAM, LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, DraftLengthPolicy
+from .policies_specdiff import (LOOKUP_NGRAM, LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, DraftLengthPolicy,
+                                ShadowDraft)
 
 # The field outputs hold the cache in: `cache` from transformers 5.24 on (the old name still works, with a warning).
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -557,9 +558,12 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
     def new_length_policy(self, max_length: int | None = None, fixed: int | None = None,
                           profile: CostProfile | None = None, drafted: bool = True) -> DraftLengthPolicy:
         """A fresh `DraftLengthPolicy` for drafts of at most `max_length` tokens (default: the block size), its round
-        costs from `profile` (with this drafter's call where `drafted`; prompt-lookup drafts have none)."""
+        costs from `profile` (with this drafter's call where `drafted`, which it may then spend alone on a shadow
+        probe; prompt-lookup drafts have none)."""
         prior = None if profile is None else functools.partial(profile.round_seconds, drafted=drafted)
-        return DraftLengthPolicy(max_length or self.config.max_draft_tokens, fixed, costs=RoundCosts(prior=prior))
+        draft_seconds = profile.drafter_seconds if profile is not None and drafted else None
+        return DraftLengthPolicy(max_length or self.config.max_draft_tokens, fixed, costs=RoundCosts(prior=prior),
+                                 draft_seconds=draft_seconds)
 
     def new_lookup_policies(self, max_length: int, profile: CostProfile | None) -> list[DraftLengthPolicy]:
         """Fresh policies for prompt lookup's drafts of at most `max_length` tokens (none if 0), one per n-gram size
@@ -574,6 +578,11 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         """Fresh measured costs of tree rounds by nodes verified, from `profile`'s verifier forwards (the drafter's
         call is left out: a tree is sized after it ran)."""
         return RoundCosts(prior=None if profile is None else lambda nodes: profile.verifier_seconds(nodes + 1))
+
+    @staticmethod
+    def new_shadow_draft(rows: list[list[int]]) -> ShadowDraft:
+        """A shadow probe's drafts, to compare with the tokens a loop commits next (`DraftLengthPolicy`)."""
+        return ShadowDraft(rows)
 
     @staticmethod
     def new_acceptance_rates(max_length: int, first_prior: float = 0.5, decay: float = 1.0) -> AcceptanceRates:
@@ -639,11 +648,16 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             if self._hooks is None:
                 raise ValueError(_NEEDS_VERIFIER)
             past_key_values.verifier_features = self._hooks.features
+        if logits_processor is None:
+            logits_processor = _sampling_processors(generation_config)
         rounds = self._assistant_rounds(past_key_values, generation_config)
         if rounds is not None:
             rounds.observe(input_ids)
-            num_tokens, lookup = rounds.next_draft(input_ids, num_tokens,
-                                                   _can_skip(generation_config, self.generation_config))
+            asked, (num_tokens, lookup) = num_tokens, rounds.next_draft(
+                input_ids, num_tokens, _can_skip(generation_config, self.generation_config))
+            if rounds.shadow_length:
+                self._shadow_probe(input_ids, past_key_values, min(rounds.shadow_length, asked), logits_processor,
+                                   rounds)
             if lookup:  # drafted from the context alone: a draw from a point mass, q = one-hot
                 draft = input_ids.new_tensor([lookup])
                 rounds.drafted(input_ids, draft)
@@ -654,8 +668,6 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             rounds.drafted(input_ids, input_ids[:, :0])
             return GenerateDecoderOnlyOutput(sequences=input_ids, scores=(input_ids.new_zeros(1, 1).float(),),
                                              **{CACHE_FIELD: past_key_values})
-        if logits_processor is None:
-            logits_processor = _sampling_processors(generation_config)
         draft, scores = self.draft(input_ids, past_key_values, num_tokens, logits_processor,
                                    do_sample=bool(generation_config.do_sample))
         if rounds is not None:
@@ -665,6 +677,14 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             scores=tuple(scores[:, None].unbind(0)),
             **{CACHE_FIELD: past_key_values},
         )
+
+    def _shadow_probe(self, input_ids: torch.LongTensor, cache: SpecDiffCache, num_tokens: int, logits_processor,
+                      rounds: AssistantRounds):
+        """A greedy probe of the assisted loop that verifies nothing: a draft that `rounds` compares with the tokens
+        the loop commits next, its seconds left out of the round's (which is a plain step)."""
+        started = device_clock(self.device)
+        draft = self.draft(input_ids, cache, num_tokens, logits_processor)[0]
+        rounds.shadowed(draft, device_clock(self.device) - started)
 
 
 def _can_skip(generation_config, own_config) -> bool:

@@ -64,6 +64,12 @@ class DraftLengthPolicy:
     adds only a plain step's time, which hardly moves it, and weighing every length costs about 0.3 ms, a few tenths
     of a percent of a step. A loop that cut the whole draft it asked for says so (`decline`): that counts as a skip.
 
+    A greedy loop may take a shadow probe instead (`next_length(allow_skip=True, allow_shadow=True)`): where the
+    drafter's call (`draft_seconds`) costs less than a verified probe loses, the probe round is a plain step and
+    `shadow_length` asks for a draft that nobody verifies; the loop compares it with the token it commits next
+    (`ShadowDraft`) and reports whether it would have been accepted (`update_shadow`): the probe's measurement,
+    without the verifier's cost.
+
     Without a profile, while it drafts, such a loop takes a plain step now and then to measure what one costs (every
     `probe_every`-th round until `plain_samples` are measured, then every `plain_every`-th): without that, a plain
     step's cost is the drafting rounds' line at g = 0, which still holds the drafter's forward and its round's
@@ -75,19 +81,21 @@ class DraftLengthPolicy:
     plain_every = 64
 
     def __init__(self, max_length: int, fixed: int | None = None, prior_slope: float = 0.02,
-                 costs: RoundCosts | None = None):
+                 costs: RoundCosts | None = None, draft_seconds=None):
         self.max_length = max_length
         self.fixed = fixed
         self.acceptance = AcceptanceRates(max_length)
         self.costs = costs if costs is not None else RoundCosts(prior_slope)
+        self.draft_seconds = draft_seconds  # g -> seconds of a drafter call drafting g tokens (None: unknown)
+        self.shadow_length = 0  # the last decision was a shadow probe of this many tokens
         self.skipped = 0
         self.probe_gap = self.probe_every
         self.skipping = False  # the last decision with allow_skip was 0, and nothing has drafted since
         self.probing = False  # the last decision was a probe: its token is to be verified, whatever it costs
         self.since_plain = 0  # rounds that could have skipped and drafted, since the last plain step
 
-    def next_length(self, allow_skip: bool = False) -> int:
-        self.probing = False
+    def next_length(self, allow_skip: bool = False, allow_shadow: bool = False) -> int:
+        self.probing, self.shadow_length = False, 0
         if self.fixed is not None:
             return self.fixed
         if not (allow_skip and self.skipping):
@@ -102,8 +110,25 @@ class DraftLengthPolicy:
         if self.skipped < self.probe_gap:
             return 0
         self.skipped, self.probe_gap = 0, min(2 * self.probe_gap, self.max_probe_every)
+        if allow_shadow:
+            self.shadow_length = self._shadow_probe_length()
+            if self.shadow_length:
+                return 0
         self.probing = True
         return 1
+
+    def _shadow_probe_length(self) -> int:
+        """1 where a shadow probe of one token loses less than a verified one, else 0. A verified probe costs a round
+        of length 1 and brings 1 + (the first position's acceptance) tokens, a plain step's worth each; a shadow probe
+        costs the drafter's call. One token, as a verified probe: both measure the first position alone, so the
+        decisions after either are the same. (Shadow drafts of 7 tokens, every position measured from one draft, made
+        one unlucky draft stop the drafter on the demo's code edit where verified probes had found it paying.)"""
+        if self.draft_seconds is None:
+            return 0
+        cost = self.costs.predict(torch.tensor([0, 1]))
+        verified_loss = float(cost[1] - (1 + self.acceptance.rates()[0]) * cost[0])
+        shadow_loss = self.costs.slowdown * float(self.draft_seconds(torch.tensor([1]))[0])
+        return int(shadow_loss < verified_loss)
 
     def _measure_plain_step(self) -> bool:
         """Whether this round, which would draft, is a plain step taken to measure one (never with a cost prior,
@@ -141,6 +166,12 @@ class DraftLengthPolicy:
         Otherwise a drafter whose drafts were always cut paid its forward every round and learnt nothing."""
         self.skipping, self.skipped = True, 0
 
+    def update_shadow(self, num_drafted: int, num_accepted: int):
+        """Record a shadow probe's draft once compared with the committed tokens (`ShadowDraft`): its acceptance, and
+        the next round weighs the lengths again, as after a verified probe (whose doubled gap stands)."""
+        self.acceptance.update(num_drafted, num_accepted)
+        self.skipping = False
+
     def update(self, num_drafted: int, num_accepted: int, seconds: float | None = None):
         """Record one round: how many tokens were drafted and accepted, and (if timed) the round's seconds."""
         if num_drafted:
@@ -150,6 +181,24 @@ class DraftLengthPolicy:
                 self.probe_gap = self.probe_every
         if seconds is not None:
             self.costs.record(num_drafted, seconds)
+
+
+class ShadowDraft:
+    """A shadow probe's draft (`DraftLengthPolicy`): one or more rows drafted after the same context and not
+    verified. `observe` takes the tokens the loop commits after that context, round by round, and returns how many of
+    them the best row matched (what verifying it would have accepted) once no row can match more, else None."""
+
+    def __init__(self, rows: list[list[int]]):
+        self.rows = [row for row in rows if row]
+        self.length = max(map(len, self.rows), default=0)
+        self.committed: list[int] = []
+
+    def observe(self, tokens: list[int]) -> int | None:
+        self.committed += tokens
+        matched = [next((i for i, (a, b) in enumerate(zip(row, self.committed)) if a != b),
+                        min(len(row), len(self.committed))) for row in self.rows]
+        open_rows = [m == len(self.committed) < len(row) for m, row in zip(matched, self.rows)]
+        return None if any(open_rows) else max(matched, default=0)
 
 
 # A drop-in round where drafting does not pay proposes prompt lookup's draft instead: at most this many tokens (as
@@ -195,10 +244,16 @@ class AssistantRounds:
         self.start = 0  # length of the input it was drafted after
         self.started_at = 0.0
         self.timed = False
+        self.shadow: ShadowDraft | None = None  # a shadow probe's draft, compared with the tokens committed since
 
     def observe(self, input_ids: torch.Tensor):
         """Call at the start of a drafting call with its `input_ids` [1, seq]."""
         now = device_clock(input_ids.device)
+        if self.shadow is not None:
+            accepted = self.shadow.observe(input_ids[0, self.start:].tolist())
+            if accepted is not None:
+                self.policy.update_shadow(self.shadow.length, accepted)
+                self.shadow = None
         if self.draft is not None:
             # the loop appended the accepted draft tokens and one token of the verifier's, which differs from the
             # draft's next token (greedy: the argmax that rejected it; sampling: a draw from a residual without it)
@@ -216,8 +271,8 @@ class AssistantRounds:
         with neither drafts one token (a probe)."""
         self.source = self.policy
         if not self.lookup_policies:
-            return min(max_tokens, self.policy.next_length(allow_skip=allow_skip)), []
-        length = min(max_tokens, self.policy.next_length(allow_skip=True))
+            return min(max_tokens, self.policy.next_length(allow_skip=allow_skip, allow_shadow=allow_skip)), []
+        length = min(max_tokens, self.policy.next_length(allow_skip=True, allow_shadow=allow_skip))
         lookup_policy, lookup = self._lookup_draft(input_ids[0], max_tokens, length)
         if lookup:
             self.source = lookup_policy
@@ -244,6 +299,17 @@ class AssistantRounds:
             if lookup_policy.timed and rate <= float(self.policy.tokens_per_second(torch.tensor([length]))[0]):
                 return None, []
         return lookup_policy, ids[start:start + min(max_tokens, num_tokens)].tolist()
+
+    @property
+    def shadow_length(self) -> int:
+        """Tokens to draft for a shadow probe this round (`DraftLengthPolicy`), verified by nobody: 0 for none."""
+        return self.policy.shadow_length
+
+    def shadowed(self, draft: torch.Tensor, seconds: float):
+        """Call after drafting a shadow probe's `draft` [1, g] in `seconds`, which the round's time leaves out (it is
+        not a cost of the plain step the round is)."""
+        self.shadow = ShadowDraft([draft[0].tolist()])
+        self.started_at += seconds
 
     def drafted(self, input_ids: torch.Tensor, draft: torch.Tensor):
         """Call after drafting `draft` [1, g] after `input_ids` [1, seq]."""
