@@ -180,6 +180,11 @@ def summarize(path: str) -> str:
     return "\n".join(lines)
 
 
+def read_profiles(paths: list[str]) -> dict[str, CostProfile]:
+    """Cost profiles from their JSON files, by file name without the extension."""
+    return {Path(path).stem: CostProfile.from_dict(json.loads(Path(path).read_text())) for path in paths}
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, per_category: int):
     """The models, prompts, length, threads and output file of a modeled run."""
     parser.add_argument("--verifier", default=DEFAULT_VERIFIER)
@@ -202,7 +207,7 @@ def main():
     add_run_arguments(parser, per_category=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    profiles = {Path(p).stem: CostProfile.from_dict(json.loads(Path(p).read_text())) for p in args.profile}
+    profiles = read_profiles(args.profile)
     for name in args.variant:
         LookupVariant.check(name)
     model, tokenizer, drafter = load_pair(args.verifier, args.drafter, dtype=torch.float32)
