@@ -27,8 +27,7 @@ import torch
 
 from hf_specdiff import decoding
 from hf_specdiff.costs_specdiff import CostProfile, RoundCosts
-from hf_specdiff.tools.verifiers import load_pair
-from modeled_speedup import VirtualClock, add_run_arguments, install_clock, prompts, speedup
+from modeled_speedup import VirtualClock, add_run_arguments, install_clock, load_run, speedup
 
 VARIANTS = ("additive", "ratio", "shipped")
 
@@ -124,11 +123,10 @@ def main():
     parser.add_argument("--variant", action="append", choices=VARIANTS)
     add_run_arguments(parser, per_category=1)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     profile = CostProfile.from_dict(json.loads(Path(args.profile).read_text()))
-    model, tokenizer, drafter = load_pair(args.verifier, args.drafter, dtype=torch.float32)
+    model, tokenizer, drafter, prompt_rows = load_run(args)
     run_model(model, tokenizer, drafter, profile, args.slowdown, args.overhead, args.variant or list(VARIANTS),
-              prompts(args.demo, args.per_category, args.spec_bench), args.max_new_tokens, args.out)
+              prompt_rows, args.max_new_tokens, args.out)
     print(summarize(args.out))
 
 

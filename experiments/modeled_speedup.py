@@ -185,6 +185,14 @@ def read_profiles(paths: list[str]) -> dict[str, CostProfile]:
     return {Path(path).stem: CostProfile.from_dict(json.loads(Path(path).read_text())) for path in paths}
 
 
+def load_run(args: argparse.Namespace) -> tuple:
+    """(verifier, tokenizer, drafter, prompt rows) of a modeled run from `add_run_arguments`' options: the models in
+    fp32 (every variant writes plain greedy's text), torch's threads set."""
+    torch.set_num_threads(args.threads)
+    model, tokenizer, drafter = load_pair(args.verifier, args.drafter, dtype=torch.float32)
+    return model, tokenizer, drafter, prompts(args.demo, args.per_category, args.spec_bench)
+
+
 def add_run_arguments(parser: argparse.ArgumentParser, per_category: int):
     """The models, prompts, length, threads and output file of a modeled run."""
     parser.add_argument("--verifier", default=DEFAULT_VERIFIER)
@@ -206,13 +214,11 @@ def main():
     parser.add_argument("--variant", action="append", required=True)
     add_run_arguments(parser, per_category=2)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     profiles = read_profiles(args.profile)
     for name in args.variant:
         LookupVariant.check(name)
-    model, tokenizer, drafter = load_pair(args.verifier, args.drafter, dtype=torch.float32)
-    run_modeled(model, tokenizer, drafter, profiles, args.variant,
-                prompts(args.demo, args.per_category, args.spec_bench), args.max_new_tokens, args.out)
+    model, tokenizer, drafter, prompt_rows = load_run(args)
+    run_modeled(model, tokenizer, drafter, profiles, args.variant, prompt_rows, args.max_new_tokens, args.out)
 
 
 if __name__ == "__main__":

@@ -27,8 +27,7 @@ import hf_specdiff
 from hf_specdiff import costs_specdiff
 from hf_specdiff.costs_specdiff import CostProfile
 from hf_specdiff.policies_specdiff import DraftLengthPolicy
-from hf_specdiff.tools.verifiers import load_pair
-from modeled_speedup import VirtualClock, add_run_arguments, install_clock, prompts, read_profiles, speedup
+from modeled_speedup import VirtualClock, add_run_arguments, install_clock, load_run, read_profiles, speedup
 
 PATHS = ("k1", "k4-lookup", "drop-in")
 KINDS = ("verified", "shadow")
@@ -121,11 +120,9 @@ def main():
     parser.add_argument("--path", action="append", choices=PATHS)
     add_run_arguments(parser, per_category=1)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    profiles = read_profiles(args.profile)
-    model, tokenizer, drafter = load_pair(args.verifier, args.drafter, dtype=torch.float32)
-    run_model(model, tokenizer, drafter, profiles, args.path or list(PATHS),
-              prompts(args.demo, args.per_category, args.spec_bench), args.max_new_tokens, args.out)
+    model, tokenizer, drafter, prompt_rows = load_run(args)
+    run_model(model, tokenizer, drafter, read_profiles(args.profile), args.path or list(PATHS), prompt_rows,
+              args.max_new_tokens, args.out)
 
 
 if __name__ == "__main__":

@@ -648,16 +648,14 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             if self._hooks is None:
                 raise ValueError(_NEEDS_VERIFIER)
             past_key_values.verifier_features = self._hooks.features
-        if logits_processor is None:
-            logits_processor = _sampling_processors(generation_config)
         rounds = self._assistant_rounds(past_key_values, generation_config)
         if rounds is not None:
             rounds.observe(input_ids)
             asked, (num_tokens, lookup) = num_tokens, rounds.next_draft(
                 input_ids, num_tokens, _can_skip(generation_config, self.generation_config))
             if rounds.shadow_length:
-                self._shadow_probe(input_ids, past_key_values, min(rounds.shadow_length, asked), logits_processor,
-                                   rounds)
+                processors = _sampling_processors(generation_config) if logits_processor is None else logits_processor
+                self._shadow_probe(input_ids, past_key_values, min(rounds.shadow_length, asked), processors, rounds)
             if lookup:  # drafted from the context alone: a draw from a point mass, q = one-hot
                 draft = input_ids.new_tensor([lookup])
                 rounds.drafted(input_ids, draft)
@@ -668,6 +666,8 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             rounds.drafted(input_ids, input_ids[:, :0])
             return GenerateDecoderOnlyOutput(sequences=input_ids, scores=(input_ids.new_zeros(1, 1).float(),),
                                              **{CACHE_FIELD: past_key_values})
+        if logits_processor is None:
+            logits_processor = _sampling_processors(generation_config)
         draft, scores = self.draft(input_ids, past_key_values, num_tokens, logits_processor,
                                    do_sample=bool(generation_config.do_sample))
         if rounds is not None:
