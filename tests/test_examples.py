@@ -291,6 +291,37 @@ def test_modeled_speedup_is_plain_greedys_text_on_a_virtual_clock(models, tmp_pa
     assert "| dear | pooled |" in table and "| dear | by-ngram-decay0.8 |" in table
 
 
+def test_tree_loop_vs_commit(models, tmp_path):
+    """Every method's row per prompt (fp32: the loops write plain greedy's text, so as many tokens), and the summary's
+    comparison with the earlier commit's loop."""
+    out = run("experiments/tree_loop_vs_commit.py", "HEAD", "--verifier", str(models / "verifier"), "--drafter",
+              str(models / "drafter"), "--spec-bench", str(models / "prompts.jsonl"), "--per-category", "1",
+              "--prompts", "0", "--dtype", "fp32", "--max-new-tokens", "12",
+              "--methods", "plain,old,new,learned-tree-costs,sloped-tree-costs")
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [row["m"] for row in rows] == ["plain", "old", "new", "learned-tree-costs", "sloped-tree-costs"]
+    assert all(row["tau"] * row["fwd"] == pytest.approx(12, abs=0.01) for row in rows), rows  # 12 tokens each
+    assert rows[0]["tau"] == 1 and rows[0]["d_calls"] == 0
+    (tmp_path / "rows.jsonl").write_text(out)
+    table = run("experiments/tree_loop_vs_commit.py", "--summarize", str(tmp_path / "rows.jsonl"))
+    assert "| old |" in table and "of 1 |" in table.split("| new |")[1]
+
+
+def test_policy_ablation_model(models, tmp_path):
+    """Each variant's modeled row per prompt, resumable; every variant writes plain greedy's text (fp32)."""
+    profile = tmp_path / "cheap.json"
+    profile.write_text(json.dumps({"verifier": {"1": 0.01, "2": 0.0101, "16": 0.011}, "drafter": {"1": 0.001}}))
+    common = ["--profile", str(profile), "--variant", "shipped", "--variant", "old", "--verifier", str(models / "verifier"),
+              "--drafter", str(models / "drafter"), "--no-demo", "--spec-bench", str(models / "prompts.jsonl"),
+              "--per-category", "1", "--max-new-tokens", "12", "--threads", "1", "--out", str(tmp_path / "rows.jsonl")]
+    run("experiments/policy_ablation_model.py", *common)
+    run("experiments/policy_ablation_model.py", *common)  # resumed: nothing to add
+    rows = [json.loads(line) for line in (tmp_path / "rows.jsonl").read_text().splitlines()]
+    assert sorted((row["variant"], row["id"]) for row in rows) == [("old", "0"), ("old", "1"), ("shipped", "0"),
+                                                                  ("shipped", "1")]
+    assert all(row["speedup"] > 0 and row["tau"] >= 1 for row in rows)
+
+
 def test_cost_drift_model(models, tmp_path):
     """On a machine as fast as its profile every variant prices rounds alike (the same seconds); slowed, the clock
     charges the slowdown; every row is plain greedy's text; the loop's RoundCosts is as it was afterwards."""
