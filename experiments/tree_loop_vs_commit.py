@@ -89,6 +89,40 @@ def patched(generate, patch):
     return run
 
 
+def make_methods(verifier, drafter, drafter_then, loop_then, max_new_tokens: int, other_profile) -> dict:
+    """name -> (generate(inputs), which drafter's timer counts its calls)."""
+    shipped = dict(do_sample=False, max_new_tokens=max_new_tokens, num_drafts=4, lookup_tokens=10)
+    new = lambda x: hf_specdiff.generate(verifier, drafter, **x, **shipped)  # noqa: E731
+    return {
+        "plain": (lambda x: verifier.generate(**x, do_sample=False, max_new_tokens=max_new_tokens), "new"),
+        "old": (lambda x: loop_then.generate(verifier, drafter_then, **x, **shipped), "old"),
+        "new": (new, "new"),
+        "learned-tree-costs": (patched(new, mock.patch.object(SpecDiffDrafter, "new_round_costs",
+                                                              staticmethod(lambda profile: RoundCosts()))), "new"),
+        "sloped-tree-costs": (patched(new, mock.patch.object(RoundCosts, "_from_prior", sloped_from_prior)), "new"),
+        "new-with-profile": (lambda x: hf_specdiff.generate(verifier, drafter, **x, **shipped,
+                                                            cost_profile=other_profile), "new"),
+    }
+
+
+def timed_run(generate, inputs: dict, verifier_timer: ForwardTimer, drafter_timer: ForwardTimer | None) -> dict:
+    """One generation: speed, tau, verifier forwards (tree nodes each, ms), drafter calls and ms, the rest a round."""
+    verifier_timer.reset()
+    if drafter_timer is not None:
+        drafter_timer.reset()
+    start = time.perf_counter()
+    tokens = generate(inputs).shape[1] - inputs["input_ids"].shape[1]
+    seconds = time.perf_counter() - start
+    calls = verifier_timer.calls
+    drafter_seconds = drafter_timer.seconds if drafter_timer is not None else 0.0
+    return {"tok_s": round(tokens / seconds, 2), "tau": round(tokens / calls, 3), "fwd": calls,
+            "nodes_per_fwd": round(sum(n for n, _ in verifier_timer.log[1:]) / max(calls - 1, 1), 2),
+            "v_ms": round(1000 * verifier_timer.seconds / calls, 1),
+            "d_calls": drafter_timer.calls if drafter_timer is not None else 0, "d_ms": round(1000 * drafter_seconds),
+            "host_ms_per_round": round(1000 * (seconds - verifier_timer.seconds - drafter_seconds) / calls, 2),
+            "total_s": round(seconds, 3)}
+
+
 def summarize(path: str) -> str:
     rows = [json.loads(line) for line in open(path) if line.startswith("{")]
     totals = collections.defaultdict(lambda: [0.0, 0.0, 0, 0.0])  # tokens, seconds, forwards, nodes
@@ -142,53 +176,26 @@ def main():
     if (Path(earlier.__file__).parent / "costs_specdiff.py").exists():  # the earlier loop's own, where it has one
         importlib.import_module(f"{earlier.__name__}.costs_specdiff").cost_profile(verifier, drafter_then)
     timers = {"verifier": ForwardTimer(verifier), "new": ForwardTimer(drafter), "old": ForwardTimer(drafter_then)}
-    shipped = dict(do_sample=False, max_new_tokens=args.max_new_tokens, num_drafts=4, lookup_tokens=10)
     loop_then = importlib.import_module(f"{earlier.__name__}.decoding")
-    new = lambda x: hf_specdiff.generate(verifier, drafter, **x, **shipped)  # noqa: E731
     other_profile = CostProfile.from_dict(json.loads(Path(args.profile).read_text())) if args.profile else None
-    methods = {
-        "plain": (lambda x: verifier.generate(**x, do_sample=False, max_new_tokens=args.max_new_tokens), "new"),
-        "old": (lambda x: loop_then.generate(verifier, drafter_then, **x, **shipped), "old"),
-        "new": (new, "new"),
-        "learned-tree-costs": (patched(new, mock.patch.object(SpecDiffDrafter, "new_round_costs",
-                                                              staticmethod(lambda profile: RoundCosts()))), "new"),
-        "sloped-tree-costs": (patched(new, mock.patch.object(RoundCosts, "_from_prior", sloped_from_prior)), "new"),
-        "new-with-profile": (lambda x: hf_specdiff.generate(verifier, drafter, **x, **shipped, cost_profile=other_profile),
-                             "new"),
-    }
+    methods = make_methods(verifier, drafter, drafter_then, loop_then, args.max_new_tokens, other_profile)
     prompts = read_spec_bench(args.spec_bench, args.per_category)
     indices = list(map(int, args.prompts.split(","))) if args.prompts else range(len(prompts))
     forwards = {}
     for index in indices:
         inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompts[index]["prompt"]}],
                                                add_generation_prompt=True, return_tensors="pt", return_dict=True)
-        prompt_len = inputs["input_ids"].shape[1]
         for repeat in range(args.repeats):
             for name in args.methods.split(",")[:: 1 if (repeat + index) % 2 == 0 else -1]:
-                generate, drafter_timer = methods[name]
-                verifier_timer, drafter_timer = timers["verifier"], timers[drafter_timer]
-                verifier_timer.reset()
-                drafter_timer.reset()
-                start = time.perf_counter()
-                tokens = generate(inputs).shape[1] - prompt_len
-                seconds = time.perf_counter() - start
-                drafter_seconds = drafter_timer.seconds if name != "plain" else 0.0
-                nodes = sum(n for n, _ in verifier_timer.log[1:]) / max(verifier_timer.calls - 1, 1)
-                print(json.dumps({
-                    "i": index, "cat": prompts[index]["category"], "m": name, "tok_s": round(tokens / seconds, 2),
-                    "tau": round(tokens / verifier_timer.calls, 3), "fwd": verifier_timer.calls,
-                    "nodes_per_fwd": round(nodes, 2), "v_ms": round(1000 * verifier_timer.seconds / verifier_timer.calls, 1),
-                    "d_calls": drafter_timer.calls if name != "plain" else 0, "d_ms": round(1000 * drafter_seconds),
-                    "host_ms_per_round": round(1000 * (seconds - verifier_timer.seconds - drafter_seconds)
-                                               / verifier_timer.calls, 2),
-                    "total_s": round(seconds, 3)}), flush=True)
-                forwards.setdefault(name, []).extend(verifier_timer.log[1:])  # the prompt's forward left out
+                generate, drafter_name = methods[name]
+                row = timed_run(generate, inputs, timers["verifier"], timers[drafter_name] if name != "plain" else None)
+                print(json.dumps({"i": index, "cat": prompts[index]["category"], "m": name, **row}), flush=True)
+                forwards.setdefault(name, []).extend(timers["verifier"].log[1:])  # the prompt's forward left out
     for name, log in forwards.items():
-        by_size = {f"{lo}-{hi}": [s for n, s in log if lo <= n <= hi] for lo, hi in [(1, 1), (2, 3), (4, 6), (7, 10),
-                                                                                        (11, 16), (17, 40)]}
+        by_size = {f"{lo}-{hi}": [s for n, s in log if lo <= n <= hi]
+                   for lo, hi in [(1, 1), (2, 3), (4, 6), (7, 10), (11, 16), (17, 40)]}
         print(name, "median forward ms by tokens (forwards):",
               {size: (len(s), round(1000 * statistics.median(s), 1)) for size, s in by_size.items() if s}, flush=True)
-
 
 if __name__ == "__main__":
     main()
