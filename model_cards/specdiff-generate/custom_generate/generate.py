@@ -633,14 +633,9 @@ class TreeDecoding:
             num_tokens, kept = self._plan_sampling(num_tokens, lookups)
         drafts, draft_scores = [], None
         if num_tokens > 0:
-            single = self.num_drafts == 1  # one draft, in the drafter's own steps; K drafts from one forward's marginals
-            draft, draft_scores = self.drafter.draft(input_ids.to(self.drafter.device), self.drafter_cache,
-                                                     num_tokens, self.logits_processor,
-                                                     do_sample=self.do_sample and single, num_steps=None if single else 1)
-            self.stats.drafter_forwards += min(num_tokens, self.drafter.config.num_denoising_steps) if single else 1
-            draft_scores = draft_scores.to(input_ids.device)
+            draft, draft_scores = self.call_drafter(input_ids, num_tokens, do_sample=self.do_sample)
             if self.do_sample:
-                drafts = draft.cpu() if single else sample_drafts(draft_scores, self.num_drafts)
+                drafts = draft.cpu() if self.num_drafts == 1 else sample_drafts(draft_scores, self.num_drafts)
         if not self.do_sample and (lookups or draft_scores is not None):  # keep the nodes likeliest accepted
             kept, drafts = self._prune(lookups, draft_scores)
             if self.length_policy.probing and draft_scores is not None and not any(drafts):
@@ -656,13 +651,20 @@ class TreeDecoding:
         started = device_clock(self.drafter.device)
         if self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
             return 0.0
-        single = self.num_drafts == 1
-        _, draft_scores = self.drafter.draft(input_ids.to(self.drafter.device), self.drafter_cache, num_tokens,
-                                             self.logits_processor, num_steps=None if single else 1)
-        self.stats.drafter_forwards += min(num_tokens, self.drafter.config.num_denoising_steps) if single else 1
+        _, draft_scores = self.call_drafter(input_ids, num_tokens)
         self.stats.shadow_probes += 1
-        self.shadow = self.drafter.new_shadow_draft(self.candidates([], draft_scores.to(input_ids.device))[0])
+        self.shadow = self.drafter.new_shadow_draft(self.candidates([], draft_scores)[0])
         return device_clock(self.drafter.device) - started
+
+    def call_drafter(self, input_ids: torch.LongTensor, num_tokens: int, do_sample: bool = False):
+        """(draft, its scores on the verifier's device): one draft in the drafter's own steps (K = 1), or K drafts'
+        marginals from one forward; counted in `stats.drafter_forwards`."""
+        single = self.num_drafts == 1
+        draft, draft_scores = self.drafter.draft(input_ids.to(self.drafter.device), self.drafter_cache, num_tokens,
+                                                 self.logits_processor, do_sample=do_sample and single,
+                                                 num_steps=None if single else 1)
+        self.stats.drafter_forwards += min(num_tokens, self.drafter.config.num_denoising_steps) if single else 1
+        return draft, draft_scores.to(input_ids.device)
 
     def _tree_budget(self):
         """(round costs, node cap): a tree sized by measured cost up to `DEFAULT_MAX_TREE_NODES`, or (None,
