@@ -79,7 +79,7 @@ def run_model(model, tokenizer, drafter, profiles: dict, paths: list[str], promp
                 clock.profile, clock.seconds = profile, 0.0
                 with contextlib.ExitStack() as run:
                     if kind == "verified":
-                        run.enter_context(mock.patch.object(DraftLengthPolicy, "_shadow_probe_length", lambda self: 0))
+                        run.enter_context(mock.patch.object(DraftLengthPolicy, "_shadow_probe_pays", lambda self: False))
                     if path == "drop-in":
                         run.callback(charge_drop_in_forwards(clock, model, prompt_len).remove)
                     ids, shadow_probes = generate(path, model, drafter, inputs, max_new_tokens, profile)

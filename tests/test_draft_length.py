@@ -5,7 +5,7 @@ import torch
 
 import hf_specdiff.costs_specdiff as costs_specdiff
 from hf_specdiff.costs_specdiff import CostProfile, RoundCosts
-from hf_specdiff.policies_specdiff import AssistantRounds, DraftLengthPolicy, ShadowDraft
+from hf_specdiff.policies_specdiff import AssistantRounds, DraftLengthPolicy
 from helpers import greedy_sequences, tiny_drafter, tiny_verifier, train_briefly
 
 PROMPTS = torch.randint(3, 96, (12, 6), generator=torch.Generator().manual_seed(4))
@@ -248,14 +248,33 @@ def test_k1_loop_skips_drafting_where_it_does_not_pay_and_probes_now_and_then(no
     assert stats.shadow_probes == 0  # the drafter's call is dear: verified probes lose less
 
 
-def test_shadow_draft_reports_the_best_rows_accepted_count_once_no_row_can_match_more():
-    shadow = ShadowDraft([[1, 2, 3], [1, 4], []])
-    assert shadow.length == 3
-    assert shadow.observe([1]) is None  # both rows still match
-    assert shadow.observe([2]) is None  # [1, 2, 3] may yet match whole
-    assert shadow.observe([9, 5]) == 2
-    assert ShadowDraft([[1, 2, 3], [1, 4]]).observe([7]) == 0
-    assert ShadowDraft([[1, 2]]).observe([1, 2, 8]) == 2  # matched whole
+def test_a_shadow_probe_counts_as_accepted_where_the_next_committed_token_was_drafted():
+    policy = DraftLengthPolicy(8)
+    policy.update_shadow(3)  # no probe pending: nothing recorded
+    assert policy.acceptance.reached[0] == 0
+    policy.shadowed([5, 7])  # a tree loop's two likeliest first tokens
+    policy.update_shadow(7)
+    policy.update_shadow(7)  # resolved once
+    assert (policy.acceptance.reached[0], policy.acceptance.accepted[0]) == (1, 1)
+    policy.shadowed([5, 7])
+    policy.update_shadow(9)
+    assert (policy.acceptance.reached[0], policy.acceptance.accepted[0]) == (2, 1)
+    assert list(map(float, policy.acceptance.reached[1:])) == [0.0] * 7  # one token: the first position alone
+
+
+def test_the_assistant_rounds_compare_a_shadow_probe_with_the_token_the_loop_appended_next():
+    policy = DraftLengthPolicy(8)
+    rounds = AssistantRounds(policy)
+    ids = torch.tensor([[1, 2, 3]])
+    rounds.observe(ids)
+    rounds.shadowed(4, 0.0)
+    rounds.drafted(ids, ids[:, :0])  # a plain step
+    rounds.observe(torch.tensor([[1, 2, 3, 4]]))
+    assert (policy.acceptance.reached[0], policy.acceptance.accepted[0]) == (1, 1)
+    rounds.shadowed(8, 0.0)
+    rounds.drafted(torch.tensor([[1, 2, 3, 4]]), ids[:, :0])
+    rounds.observe(torch.tensor([[1, 2, 3, 4, 5]]))
+    assert (policy.acceptance.reached[0], policy.acceptance.accepted[0]) == (2, 1)
 
 
 def test_a_probe_verifies_nothing_where_the_drafters_call_costs_less_than_a_verified_token_loses():
@@ -269,14 +288,15 @@ def test_a_probe_verifies_nothing_where_the_drafters_call_costs_less_than_a_veri
     every = DraftLengthPolicy.probe_every
     cheap = policy({1: 1.0, 2: 1.8, 16: 3.0}, 0.05)  # a verified probe loses 0.35 plain steps, a shadow one 0.05
     assert [cheap.next_length(allow_skip=True, allow_shadow=True) for _ in range(every)] == [0] * every
-    assert cheap.shadow_length == 1 and not cheap.probing
-    assert cheap.next_length(allow_skip=True, allow_shadow=True) == 0 and cheap.shadow_length == 0
+    assert cheap.shadow_probe and not cheap.probing
+    assert cheap.next_length(allow_skip=True, allow_shadow=True) == 0 and not cheap.shadow_probe
     for _ in range(20):
-        cheap.update_shadow(1, 1)  # every probe's token would have been accepted: long drafts pay
+        cheap.shadowed([4])
+        cheap.update_shadow(4)  # every probe's token would have been accepted: long drafts pay
     assert cheap.next_length(allow_skip=True, allow_shadow=True) > 1
     dear = policy({1: 1.0, 2: 1.2, 16: 4.0}, 1.0)  # a verified probe loses 0.7 plain steps, a shadow one 1.0
     assert [dear.next_length(allow_skip=True, allow_shadow=True) for _ in range(every)] == [0] * (every - 1) + [1]
-    assert dear.probing and dear.shadow_length == 0
+    assert dear.probing and not dear.shadow_probe
     sampling = policy({1: 1.0, 2: 1.8, 16: 3.0}, 0.05)  # a loop that takes no shadow probe
     assert [sampling.next_length(allow_skip=True) for _ in range(every)] == [0] * (every - 1) + [1]
 
@@ -291,17 +311,16 @@ def test_greedy_loops_measure_acceptance_with_shadow_probes_where_verifying_a_to
 
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier, block_size=8)
-    shadows = []
-    update_shadow = DraftLengthPolicy.update_shadow
-    monkeypatch.setattr(DraftLengthPolicy, "update_shadow",
-                        lambda self, *args: shadows.append(args) or update_shadow(self, *args))
+    shadows = record_shadows(monkeypatch)
     stats = hf_specdiff.SpecDiffStats()
     out = hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=40, do_sample=False, eos_token_id=None,
                                num_drafts=num_drafts, lookup_tokens=lookup_tokens, stats=stats, cost_profile=DEAR_TOKENS)
-    assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=40, do_sample=False,
-                                             eos_token_id=None).tolist()
+    expected = verifier.generate(PROMPTS[:1], max_new_tokens=40, do_sample=False, eos_token_id=None)
+    assert out.tolist() == expected.tolist()
     assert 1 <= stats.shadow_probes <= 40 // DraftLengthPolicy.probe_every and not any(stats.drafted), stats.as_dict()
-    assert shadows and all(length >= 1 and 0 <= accepted <= length for length, accepted in shadows), shadows
+    assert len(shadows) == stats.shadow_probes, shadows  # each compared with the token committed next, once
+    assert all(len(drafted) == num_drafts and next_token in expected[0, PROMPTS.shape[1]:].tolist()
+               for drafted, next_token in shadows), shadows
     sampled = hf_specdiff.SpecDiffStats()
     hf_specdiff.generate(verifier, drafter, PROMPTS[:1], max_new_tokens=40, do_sample=True, eos_token_id=None,
                          num_drafts=num_drafts, lookup_tokens=lookup_tokens, stats=sampled, cost_profile=DEAR_TOKENS)
@@ -313,10 +332,7 @@ def test_drop_in_probes_verify_nothing_where_verifying_a_token_is_dear(no_wall_c
     verifier = tiny_verifier("llama")
     drafter = paired(verifier, tiny_drafter(verifier, block_size=8), DEAR_TOKENS)
     drafter.assistant_lookup_tokens = 0
-    shadows = []
-    update_shadow = DraftLengthPolicy.update_shadow
-    monkeypatch.setattr(DraftLengthPolicy, "update_shadow",
-                        lambda self, *args: shadows.append(args) or update_shadow(self, *args))
+    shadows = record_shadows(monkeypatch)
     forwards = []
     hook = verifier.register_forward_hook(lambda _, args, kwargs, out: forwards.append(kwargs["input_ids"].shape[1]),
                                           with_kwargs=True)
@@ -327,7 +343,20 @@ def test_drop_in_probes_verify_nothing_where_verifying_a_token_is_dear(no_wall_c
     assert out.tolist() == verifier.generate(PROMPTS[:1], max_new_tokens=60, do_sample=False,
                                              eos_token_id=None).tolist()
     assert set(forwards[1:]) == {1}, forwards  # after the prompt, plain steps only
-    assert shadows and all(length >= 1 and 0 <= accepted <= length for length, accepted in shadows), shadows
+    assert shadows and all(len(drafted) == 1 for drafted, _ in shadows), shadows
+
+
+def record_shadows(monkeypatch) -> list[tuple[list[int], int]]:
+    """(the tokens drafted, the token committed next) of every shadow probe the loops resolve from here on."""
+    shadows = []
+    update_shadow = DraftLengthPolicy.update_shadow
+
+    def recording(self, next_token):
+        if self.shadow_tokens is not None:
+            shadows.append((list(self.shadow_tokens), next_token))
+        update_shadow(self, next_token)
+    monkeypatch.setattr(DraftLengthPolicy, "update_shadow", recording)
+    return shadows
 
 
 def test_a_draft_the_tree_budget_cuts_whole_counts_as_a_skip_and_the_probes_keep_their_gap():

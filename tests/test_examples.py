@@ -352,7 +352,7 @@ def test_probe_kinds_model(models, tmp_path):
     prompt's as one step); every row is plain greedy's text; the policy is as it was afterwards."""
     from hf_specdiff.policies_specdiff import DraftLengthPolicy
 
-    shadow_probe_length = DraftLengthPolicy._shadow_probe_length
+    shadow_probe_pays = DraftLengthPolicy._shadow_probe_pays
     profile = tmp_path / "dear.json"
     profile.write_text(json.dumps({"verifier": {"1": 0.01, "2": 0.03, "16": 0.3}, "drafter": {"1": 0.001}}))
     out = tmp_path / "rows.jsonl"
@@ -361,7 +361,7 @@ def test_probe_kinds_model(models, tmp_path):
               "--threads", "1", "--profile", str(profile), "--out", str(out)]
     run("experiments/probe_kinds_model.py", *common)
     run("experiments/probe_kinds_model.py", *common)  # resumed: nothing to add
-    assert DraftLengthPolicy._shadow_probe_length is shadow_probe_length
+    assert DraftLengthPolicy._shadow_probe_pays is shadow_probe_pays
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 * 3 * 2 and all(len({tuple(r["tokens"]) for r in rows if r["id"] == i}) == 1 for i in "01")
     seconds = {(r["id"], r["path"], r["probes"]): r["seconds"] for r in rows}

@@ -35,8 +35,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 from .configuration_specdiff import SpecDiffConfig
 from .costs_specdiff import CostProfile, RoundCosts, cost_profile, device_clock
 from .generation_specdiff import SpecDiffCache, VerifierFeatures, VerifierHooks, draft_block, point_mass_scores
-from .policies_specdiff import (LOOKUP_NGRAM, LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, DraftLengthPolicy,
-                                ShadowDraft)
+from .policies_specdiff import LOOKUP_NGRAM, LOOKUP_TOKENS, AcceptanceRates, AssistantRounds, DraftLengthPolicy
 
 # The field outputs hold the cache in: `cache` from transformers 5.24 on (the old name still works, with a warning).
 CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
@@ -580,11 +579,6 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         return RoundCosts(prior=None if profile is None else lambda nodes: profile.verifier_seconds(nodes + 1))
 
     @staticmethod
-    def new_shadow_draft(rows: list[list[int]]) -> ShadowDraft:
-        """A shadow probe's drafts, to compare with the tokens a loop commits next (`DraftLengthPolicy`)."""
-        return ShadowDraft(rows)
-
-    @staticmethod
     def new_acceptance_rates(max_length: int, first_prior: float = 0.5, decay: float = 1.0) -> AcceptanceRates:
         """Fresh acceptance-by-position counts for drafts of at most `max_length` tokens, an untried first position
         at `first_prior`, older rounds weighed down by `decay` (the tree loop keeps one for each of its prompt-lookup
@@ -653,9 +647,9 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             rounds.observe(input_ids)
             asked, (num_tokens, lookup) = num_tokens, rounds.next_draft(
                 input_ids, num_tokens, _can_skip(generation_config, self.generation_config))
-            if rounds.shadow_length:
+            if rounds.shadow_probe and asked:
                 processors = _sampling_processors(generation_config) if logits_processor is None else logits_processor
-                self._shadow_probe(input_ids, past_key_values, min(rounds.shadow_length, asked), processors, rounds)
+                self._shadow_probe(input_ids, past_key_values, processors, rounds)
             if lookup:  # drafted from the context alone: a draw from a point mass, q = one-hot
                 draft = input_ids.new_tensor([lookup])
                 rounds.drafted(input_ids, draft)
@@ -678,13 +672,13 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             **{CACHE_FIELD: past_key_values},
         )
 
-    def _shadow_probe(self, input_ids: torch.LongTensor, cache: SpecDiffCache, num_tokens: int, logits_processor,
+    def _shadow_probe(self, input_ids: torch.LongTensor, cache: SpecDiffCache, logits_processor,
                       rounds: AssistantRounds):
-        """A greedy probe of the assisted loop that verifies nothing: a draft that `rounds` compares with the tokens
-        the loop commits next, its seconds left out of the round's (which is a plain step)."""
+        """A greedy probe of the assisted loop that verifies nothing: a drafted token that `rounds` compares with the
+        token the loop commits next, its seconds left out of the round's (which is a plain step)."""
         started = device_clock(self.device)
-        draft = self.draft(input_ids, cache, num_tokens, logits_processor)[0]
-        rounds.shadowed(draft, device_clock(self.device) - started)
+        draft = self.draft(input_ids, cache, 1, logits_processor)[0]
+        rounds.shadowed(int(draft[0, 0]), device_clock(self.device) - started)
 
 
 def _can_skip(generation_config, own_config) -> bool:

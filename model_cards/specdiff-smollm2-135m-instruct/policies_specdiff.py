@@ -66,9 +66,9 @@ class DraftLengthPolicy:
 
     A greedy loop may take a shadow probe instead (`next_length(allow_skip=True, allow_shadow=True)`): where the
     drafter's call (`draft_seconds`) costs less than a verified probe loses, the probe round is a plain step and
-    `shadow_length` asks for a draft that nobody verifies; the loop compares it with the token it commits next
-    (`ShadowDraft`) and reports whether it would have been accepted (`update_shadow`): the probe's measurement,
-    without the verifier's cost.
+    `shadow_probe` asks for a one-token draft that nobody verifies; the loop hands its token(s) to `shadowed` and the
+    token it commits next to `update_shadow`, which counts the probe accepted if that token was drafted: the probe's
+    measurement, without the verifier's cost.
 
     Without a profile, while it drafts, such a loop takes a plain step now and then to measure what one costs (every
     `probe_every`-th round until `plain_samples` are measured, then every `plain_every`-th): without that, a plain
@@ -87,7 +87,8 @@ class DraftLengthPolicy:
         self.acceptance = AcceptanceRates(max_length)
         self.costs = costs if costs is not None else RoundCosts(prior_slope)
         self.draft_seconds = draft_seconds  # g -> seconds of a drafter call drafting g tokens (None: unknown)
-        self.shadow_length = 0  # the last decision was a shadow probe of this many tokens
+        self.shadow_probe = False  # the last decision was a shadow probe: draft one token, verify nothing
+        self.shadow_tokens: list[int] | None = None  # a shadow probe's drafted token(s), until the next is committed
         self.skipped = 0
         self.probe_gap = self.probe_every
         self.skipping = False  # the last decision with allow_skip was 0, and nothing has drafted since
@@ -95,7 +96,7 @@ class DraftLengthPolicy:
         self.since_plain = 0  # rounds that could have skipped and drafted, since the last plain step
 
     def next_length(self, allow_skip: bool = False, allow_shadow: bool = False) -> int:
-        self.probing, self.shadow_length = False, 0
+        self.probing, self.shadow_probe = False, False
         if self.fixed is not None:
             return self.fixed
         if not (allow_skip and self.skipping):
@@ -110,25 +111,24 @@ class DraftLengthPolicy:
         if self.skipped < self.probe_gap:
             return 0
         self.skipped, self.probe_gap = 0, min(2 * self.probe_gap, self.max_probe_every)
-        if allow_shadow:
-            self.shadow_length = self._shadow_probe_length()
-            if self.shadow_length:
-                return 0
+        self.shadow_probe = allow_shadow and self._shadow_probe_pays()
+        if self.shadow_probe:
+            return 0
         self.probing = True
         return 1
 
-    def _shadow_probe_length(self) -> int:
-        """1 where a shadow probe of one token loses less than a verified one, else 0. A verified probe costs a round
+    def _shadow_probe_pays(self) -> bool:
+        """Whether a shadow probe of one token loses less than a verified one. A verified probe costs a round
         of length 1 and brings 1 + (the first position's acceptance) tokens, a plain step's worth each; a shadow probe
         costs the drafter's call. One token, as a verified probe: both measure the first position alone, so the
         decisions after either are the same. (Shadow drafts of 7 tokens, every position measured from one draft, made
         one unlucky draft stop the drafter on the demo's code edit where verified probes had found it paying.)"""
         if self.draft_seconds is None:
-            return 0
+            return False
         cost = self.costs.predict(torch.tensor([0, 1]))
         verified_loss = float(cost[1] - (1 + self.acceptance.rates()[0]) * cost[0])
         shadow_loss = self.costs.slowdown * float(self.draft_seconds(torch.tensor([1]))[0])
-        return int(shadow_loss < verified_loss)
+        return shadow_loss < verified_loss
 
     def _measure_plain_step(self) -> bool:
         """Whether this round, which would draft, is a plain step taken to measure one (never with a cost prior,
@@ -166,11 +166,18 @@ class DraftLengthPolicy:
         Otherwise a drafter whose drafts were always cut paid its forward every round and learnt nothing."""
         self.skipping, self.skipped = True, 0
 
-    def update_shadow(self, num_drafted: int, num_accepted: int):
-        """Record a shadow probe's draft once compared with the committed tokens (`ShadowDraft`): its acceptance, and
-        the next round weighs the lengths again, as after a verified probe (whose doubled gap stands)."""
-        self.acceptance.update(num_drafted, num_accepted)
-        self.skipping = False
+    def shadowed(self, tokens: list[int]):
+        """Call after drafting a shadow probe's token: `tokens`, as many as a verified probe would have offered (a
+        tree loop's K likeliest)."""
+        self.shadow_tokens = tokens
+
+    def update_shadow(self, next_token: int):
+        """Call with the first token a loop commits after a shadow probe's context (no-op without a probe pending):
+        the probe counts as accepted if it drafted that token, and the next round weighs the lengths again, as after
+        a verified probe (whose doubled gap stands)."""
+        if self.shadow_tokens is not None:
+            self.acceptance.update(1, int(next_token in self.shadow_tokens))
+            self.shadow_tokens, self.skipping = None, False
 
     def update(self, num_drafted: int, num_accepted: int, seconds: float | None = None):
         """Record one round: how many tokens were drafted and accepted, and (if timed) the round's seconds."""
@@ -181,24 +188,6 @@ class DraftLengthPolicy:
                 self.probe_gap = self.probe_every
         if seconds is not None:
             self.costs.record(num_drafted, seconds)
-
-
-class ShadowDraft:
-    """A shadow probe's draft (`DraftLengthPolicy`): one or more rows drafted after the same context and not
-    verified. `observe` takes the tokens the loop commits after that context, round by round, and returns how many of
-    them the best row matched (what verifying it would have accepted) once no row can match more, else None."""
-
-    def __init__(self, rows: list[list[int]]):
-        self.rows = [row for row in rows if row]
-        self.length = max(map(len, self.rows), default=0)
-        self.committed: list[int] = []
-
-    def observe(self, tokens: list[int]) -> int | None:
-        self.committed += tokens
-        matched = [next((i for i, (a, b) in enumerate(zip(row, self.committed)) if a != b),
-                        min(len(row), len(self.committed))) for row in self.rows]
-        open_rows = [m == len(self.committed) < len(row) for m, row in zip(matched, self.rows)]
-        return None if any(open_rows) else max(matched, default=0)
 
 
 # A drop-in round where drafting does not pay proposes prompt lookup's draft instead: at most this many tokens (as
@@ -244,16 +233,12 @@ class AssistantRounds:
         self.start = 0  # length of the input it was drafted after
         self.started_at = 0.0
         self.timed = False
-        self.shadow: ShadowDraft | None = None  # a shadow probe's draft, compared with the tokens committed since
 
     def observe(self, input_ids: torch.Tensor):
         """Call at the start of a drafting call with its `input_ids` [1, seq]."""
         now = device_clock(input_ids.device)
-        if self.shadow is not None:
-            accepted = self.shadow.observe(input_ids[0, self.start:].tolist())
-            if accepted is not None:
-                self.policy.update_shadow(self.shadow.length, accepted)
-                self.shadow = None
+        if input_ids.shape[1] > self.start:
+            self.policy.update_shadow(int(input_ids[0, self.start]))
         if self.draft is not None:
             # the loop appended the accepted draft tokens and one token of the verifier's, which differs from the
             # draft's next token (greedy: the argmax that rejected it; sampling: a draw from a residual without it)
@@ -301,14 +286,14 @@ class AssistantRounds:
         return lookup_policy, ids[start:start + min(max_tokens, num_tokens)].tolist()
 
     @property
-    def shadow_length(self) -> int:
-        """Tokens to draft for a shadow probe this round (`DraftLengthPolicy`), verified by nobody: 0 for none."""
-        return self.policy.shadow_length
+    def shadow_probe(self) -> bool:
+        """Whether this round drafts a shadow probe's token, verified by nobody (`DraftLengthPolicy`)."""
+        return self.policy.shadow_probe
 
-    def shadowed(self, draft: torch.Tensor, seconds: float):
-        """Call after drafting a shadow probe's `draft` [1, g] in `seconds`, which the round's time leaves out (it is
-        not a cost of the plain step the round is)."""
-        self.shadow = ShadowDraft([draft[0].tolist()])
+    def shadowed(self, token: int, seconds: float):
+        """Call after drafting a shadow probe's `token` in `seconds`, which the round's time leaves out (it is not a
+        cost of the plain step the round is)."""
+        self.policy.shadowed([token])
         self.started_at += seconds
 
     def drafted(self, input_ids: torch.Tensor, draft: torch.Tensor):

@@ -580,8 +580,7 @@ class TreeDecoding:
                                   for rank in range(self.num_lookup_drafts)]
         self.drafter_cache = drafter.new_cache()
         # greedy probes may draft without verifying (none with a drafter whose remote code predates them)
-        self.shadow_probes = not self.do_sample and hasattr(drafter, "new_shadow_draft")
-        self.shadow = None  # a shadow probe's drafts, compared with the tokens committed since
+        self.shadow_probes = not self.do_sample and hasattr(self.length_policy, "shadowed")
         self.output_scores = generation_config.output_scores and generation_config.return_dict_in_generate
         self.scores: list[torch.Tensor] = []
         self.host_stops = HostStops.from_criteria(stopping_criteria)
@@ -619,8 +618,8 @@ class TreeDecoding:
         room = self.generation_config.max_length - input_ids.shape[1] - 1
         if self.shadow_probes:
             num_tokens = self.length_policy.next_length(allow_skip=True, allow_shadow=True)
-            if self.length_policy.shadow_length and room > 0:
-                started += self.shadow_probe(input_ids, min(self.length_policy.shadow_length, room))
+            if self.length_policy.shadow_probe and room > 0:
+                started += self.shadow_probe(input_ids)
         else:
             num_tokens = self.length_policy.next_length(allow_skip=True)
         num_tokens = min(num_tokens, room)  # 0: the drafter does not pay
@@ -644,16 +643,16 @@ class TreeDecoding:
         return TreeRound(input_ids[:, past:], past, lookups, drafts, draft_scores, tree,
                          host_to_device(tree.tokens, input_ids.device), started)
 
-    def shadow_probe(self, input_ids: torch.LongTensor, num_tokens: int) -> float:
+    def shadow_probe(self, input_ids: torch.LongTensor) -> float:
         """A greedy probe that verifies nothing, where the drafter's call costs less than a verified probe loses: the
-        K likeliest drafts, which `learn` compares with the tokens committed next. Returns its seconds, which the
-        round's measured cost leaves out (the round is a plain step)."""
+        K likeliest first tokens, which `learn` compares with the token committed next. Returns its seconds, which
+        the round's measured cost leaves out (the round is a plain step)."""
         started = device_clock(self.drafter.device)
         if self.conditioned and not self.drafter_cache.verifier_features.usable_length(input_ids[0]):
             return 0.0
-        _, draft_scores = self.call_drafter(input_ids, num_tokens)
+        _, draft_scores = self.call_drafter(input_ids, 1)
         self.stats.shadow_probes += 1
-        self.shadow = self.drafter.new_shadow_draft(self.candidates([], draft_scores)[0])
+        self.length_policy.shadowed([row[0] for row in self.candidates([], draft_scores)[0]])
         return device_clock(self.drafter.device) - started
 
     def call_drafter(self, input_ids: torch.LongTensor, num_tokens: int, do_sample: bool = False):
@@ -741,11 +740,8 @@ class TreeDecoding:
                 self.length_policy.decline()
         if round_.lookups:
             self.learn_lookup(round_.lookups, tree.tokens[path].tolist() + [next_token])
-        if self.shadow is not None:
-            accepted = self.shadow.observe(tree.tokens[path].tolist() + [next_token])
-            if accepted is not None:
-                self.length_policy.update_shadow(self.shadow.length, accepted)
-                self.shadow = None
+        if self.shadow_probes:
+            self.length_policy.update_shadow(int(tree.tokens[path[0]]) if path else next_token)
         if round_.committed.shape[1] == 1:  # a round that read no prompt
             self.learn_costs(round_, device_clock(self.verifier.device) - round_.started)
 
