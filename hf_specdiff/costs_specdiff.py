@@ -169,6 +169,44 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
                        machine=machine_description(device))
 
 
+class CpuContention:
+    """How many cores other processes kept busy from its creation to `other_cores()`, against what the measurement
+    left free (`contended`): a profile timed while they took cores from it prices every later run wrong (beside two
+    busy processes on 2 cores a plain bf16 step timed 81 ms, alone 39 ms). Read from Linux's /proc/stat; elsewhere
+    it knows nothing and says uncontended."""
+
+    margin = 0.25  # cores other processes may take beyond the free ones (daemons, this process's own stragglers)
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.start = self._read()
+
+    @staticmethod
+    def _read() -> tuple[float, float, float, int] | None:
+        """(busy CPU seconds of the whole machine, this process's CPU seconds, wall seconds, CPUs), or None."""
+        try:
+            with open("/proc/stat") as stat:
+                lines = stat.read().splitlines()
+        except OSError:
+            return None
+        ticks = [int(t) for t in lines[0].split()[1:9]]  # user nice system idle iowait irq softirq steal
+        busy = (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+        cpus = sum(1 for line in lines if line.startswith("cpu") and line[3:4].isdigit())
+        return busy, time.process_time(), time.perf_counter(), cpus
+
+    def other_cores(self) -> float | None:
+        """Cores other processes kept busy on average since creation (None where unknown)."""
+        end = self._read()
+        if self.start is None or end is None or end[2] <= self.start[2]:
+            return None
+        others = (end[0] - self.start[0]) - (end[1] - self.start[1])
+        return max(others, 0.0) / (end[2] - self.start[2])
+
+    def contended(self, other_cores: float | None) -> bool:
+        """Whether `other_cores` (read from `other_cores()`) is more than the measurement's threads left free."""
+        return other_cores is not None and other_cores > max(self.start[3] - self.threads, 0) + self.margin
+
+
 _KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # verifier -> {what its key depends on: key}
 
 
@@ -201,15 +239,16 @@ def cost_profile_dir() -> str:
 _PROFILES: dict[str, CostProfile] = {}
 
 
-def cost_profile(verifier, drafter=None, measure: bool = True) -> CostProfile | None:
+def cost_profile(verifier, drafter=None, measure: bool = True, fresh: bool = False) -> CostProfile | None:
     """This machine's `CostProfile` for `verifier` and `drafter` as they are now (dtypes, device, threads): from
-    memory, else from `cost_profile_dir()`, else measured (a few seconds, once) and saved there. With
-    `measure=False`, None where none was kept."""
+    memory, else from `cost_profile_dir()`, else measured (a few seconds, once) and saved there, unless other
+    processes took cores while it was timed (`CpuContention`). With `measure=False`, None where none was kept; with
+    `fresh`, measured again in place of the one kept (`hf-specdiff doctor --measure`)."""
     key = _cost_key(verifier, drafter)
-    if key in _PROFILES:
+    if key in _PROFILES and not fresh:
         return _PROFILES[key]
     path = os.path.join(cost_profile_dir(), f"{key}.json")
-    if os.path.isfile(path):
+    if os.path.isfile(path) and not fresh:
         try:
             with open(path) as file:
                 _PROFILES[key] = CostProfile.from_dict(json.load(file))
@@ -220,7 +259,13 @@ def cost_profile(verifier, drafter=None, measure: bool = True) -> CostProfile | 
         return None
     logger.warning("hf_specdiff: measuring what a verifier forward and a draft cost on this machine (once; kept in "
                    f"{path})")
+    contention = CpuContention(torch.get_num_threads())
     profile = _PROFILES[key] = measure_costs(verifier, drafter)
+    other_cores = contention.other_cores()
+    if contention.contended(other_cores):
+        logger.warning(f"hf_specdiff: other processes kept {other_cores:.1f} cores busy while the costs "
+                       "were timed, which makes them wrong: used in this process, not kept (measured again next time)")
+        return profile
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w") as file:

@@ -29,7 +29,13 @@ def saved_models(tmp_path):
     return tmp_path
 
 
-def test_cost_profile_is_measured_once_per_machine_and_models_then_read_from_disk(monkeypatch):
+@pytest.fixture
+def quiet_machine(monkeypatch):
+    """No other process takes cores while profiles are timed (the tests' own parallel workers do)."""
+    monkeypatch.setattr(costs_specdiff.CpuContention, "other_cores", lambda self: 0.0)
+
+
+def test_cost_profile_is_measured_once_per_machine_and_models_then_read_from_disk(monkeypatch, quiet_machine):
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier, block_size=8)
     profile = cost_profile(verifier, drafter)
@@ -43,10 +49,40 @@ def test_cost_profile_is_measured_once_per_machine_and_models_then_read_from_dis
     monkeypatch.setattr(costs_specdiff, "_PROFILES", {})  # a new process: only the disk remembers
     monkeypatch.setattr(costs_specdiff, "measure_costs", lambda *a, **k: pytest.fail("measured again"))
     assert cost_profile(verifier, drafter) == profile
+    with pytest.raises(pytest.fail.Exception, match="measured again"):  # asked afresh (`doctor --measure`)
+        cost_profile(verifier, drafter, fresh=True)
     verifier.to(torch.float64)  # another dtype: another profile
     assert cost_profile(verifier, drafter, measure=False) is None
     with pytest.raises(pytest.fail.Exception, match="measured again"):
         cost_profile(verifier, drafter)
+
+
+def test_a_profile_timed_while_other_processes_took_its_cores_is_used_but_not_kept(monkeypatch, caplog):
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8)
+    monkeypatch.setenv("HF_SPECDIFF_COSTS", str(Path(costs_specdiff.cost_profile_dir()) / "contended"))
+    monkeypatch.setattr(costs_specdiff.CpuContention, "other_cores", lambda self: 1.5)
+    monkeypatch.setattr(costs_specdiff.CpuContention, "_read", staticmethod(lambda: (0.0, 0.0, 0.0, 2)))
+    with caplog.at_level("WARNING"):
+        profile = cost_profile(verifier, drafter)
+    assert "other processes kept 1.5 cores busy" in caplog.text and "not kept" in caplog.text
+    assert cost_profile(verifier, drafter) is profile  # used in this process
+    assert not os.path.isdir(costs_specdiff.cost_profile_dir()) or not os.listdir(costs_specdiff.cost_profile_dir())
+    monkeypatch.setattr(costs_specdiff, "_PROFILES", {})  # the next process measures again, alone: kept
+    monkeypatch.setattr(costs_specdiff.CpuContention, "other_cores", lambda self: 0.1)
+    assert cost_profile(verifier, drafter) is not profile and len(os.listdir(costs_specdiff.cost_profile_dir())) == 1
+
+
+def test_cpu_contention_is_the_cores_other_processes_kept_busy_beyond_those_the_measurement_left_free(monkeypatch):
+    readings = iter([(100.0, 10.0, 50.0, 2), (104.0, 13.0, 52.0, 2)])  # (machine busy s, ours s, wall s, CPUs)
+    monkeypatch.setattr(costs_specdiff.CpuContention, "_read", staticmethod(lambda: next(readings)))
+    two_threads = costs_specdiff.CpuContention(threads=2)
+    assert two_threads.other_cores() == pytest.approx(0.5)  # 4 busy seconds in 2, 3 of them ours
+    assert two_threads.contended(0.5) and not two_threads.contended(0.2)  # no core was free: 0.25 of slack
+    one_thread = costs_specdiff.CpuContention.__new__(costs_specdiff.CpuContention)
+    one_thread.threads, one_thread.start = 1, (0.0, 0.0, 0.0, 2)
+    assert not one_thread.contended(1.2) and one_thread.contended(1.3)  # one core was free
+    assert not one_thread.contended(None)  # unknown (no /proc/stat): kept
 
 
 def test_a_profile_keeps_each_forwards_fastest_time_so_a_passing_load_does_not_stay_in_it(monkeypatch):
@@ -80,14 +116,22 @@ def test_outlook_says_where_drafting_pays():
     assert "--dtype auto picks fp32" in text
 
 
-def test_doctor_command_prints_the_profile_of_both_dtypes(saved_models, capsys):
+def test_doctor_command_prints_the_profile_of_both_dtypes(saved_models, capsys, monkeypatch, quiet_machine):
     from hf_specdiff.tools.cli import main
 
-    assert main(["doctor", "--verifier", str(saved_models / "verifier"), "--drafter", str(saved_models / "drafter"),
-                 "--threads", "1"]) == 0
+    command = ["doctor", "--verifier", str(saved_models / "verifier"), "--drafter", str(saved_models / "drafter"),
+               "--threads", "1"]
+    assert main(command) == 0
     out = capsys.readouterr().out
     assert "1 threads" in out and "--dtype auto picks" in out
     assert all(re.search(rf"{dtype} +{source}", out) for dtype in ("bf16", "fp32") for source in ("drafter", "prompt"))
+    measured = []
+    monkeypatch.setattr(costs_specdiff, "measure_costs",
+                        lambda *args, **kwargs: measured.append(args) or CHEAP_TOKENS)
+    assert main(command) == 0 and not measured  # kept
+    assert main(command + ["--measure"]) == 0 and len(measured) == 2  # both dtypes timed again
+    capsys.readouterr()
+    assert main(command) == 0 and len(measured) == 2 and "1.20x" in capsys.readouterr().out  # and kept
     assert main(["doctor", "--drafter", str(saved_models / "missing")]) == 2
     assert "no drafter folder at" in capsys.readouterr().err
 
@@ -124,7 +168,7 @@ def test_auto_dtype_loads_each_dtype_once_and_keeps_the_fastest(tmp_path, monkey
     loads, load_pair = [], doctor.load_pair
     monkeypatch.setattr(doctor, "load_pair", lambda *args, **kwargs: loads.append(args[2]) or load_pair(*args, **kwargs))
     profiles = {torch.bfloat16: DEAR_TOKENS, torch.float32: CHEAP_TOKENS}  # drafting pays in fp32 only
-    monkeypatch.setattr(SpecDiffDrafter, "cost_profile", lambda drafter, model: profiles[model.dtype])
+    monkeypatch.setattr(SpecDiffDrafter, "cost_profile", lambda drafter, model, fresh: profiles[model.dtype])
     model, tokenizer, drafter = load_fastest(str(tmp_path / "verifier"), str(tmp_path / "drafter"), threads=1)
     assert loads == [torch.bfloat16, torch.float32]
     assert model.dtype == drafter.dtype == torch.float32 and tokenizer is not None

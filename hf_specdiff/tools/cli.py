@@ -156,7 +156,8 @@ def cmd_doctor(args):
         checked_folder(args.drafter, "drafter folder", f"{TRAINED}, or leave --drafter out for the shipped drafter")
     checked_verifier(args.verifier)
     dtypes = tuple(DTYPES) if args.dtype == "auto" else (args.dtype,)
-    print(report(measure_outlooks(args.verifier, args.drafter, dtypes, threads=args.threads, device=args.device)))
+    print(report(measure_outlooks(args.verifier, args.drafter, dtypes, threads=args.threads, device=args.device,
+                                  fresh=args.measure)))
 
 
 def cmd_bench(args):
@@ -335,6 +336,8 @@ def _doctor_parser(sub):
     p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "fp32"], help="auto: both, compared")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default=None, help="e.g. cuda (default: cpu)")
+    p.add_argument("--measure", action="store_true", help="time the forwards again and keep the new profile in place "
+                   "of the kept one (after a change to the machine, or where it was busy the first time)")
     p.set_defaults(func=cmd_doctor)
 
 

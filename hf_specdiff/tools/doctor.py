@@ -51,18 +51,19 @@ class Outlook:
 
 
 def measure_outlooks(verifier: str, drafter: str | None, dtype_names=tuple(DTYPES), threads: int | None = 2,
-                     device: str | None = None) -> list[Outlook]:
+                     device: str | None = None, fresh: bool = False) -> list[Outlook]:
     """Load `verifier` and `drafter` (None: the shipped one) in each dtype and read its cost profile (measured once
-    per machine, then cached)."""
+    per machine, then cached; measured again with `fresh`)."""
     with torch_threads(threads):
-        return [outlook for outlook, _ in _loaded_outlooks(verifier, drafter, dtype_names, device)]
+        return [outlook for outlook, _ in _loaded_outlooks(verifier, drafter, dtype_names, device, fresh)]
 
 
-def _loaded_outlooks(verifier: str, drafter: str | None, dtype_names, device: str | None):
+def _loaded_outlooks(verifier: str, drafter: str | None, dtype_names, device: str | None, fresh: bool = False):
     """(outlook, (verifier, tokenizer, drafter)) for each dtype, loaded in turn."""
     for name in dtype_names:
         models = load_pair(verifier, drafter, DTYPES[name], device=device)
-        yield Outlook(name, models[2].cost_profile(models[0]), models[2].config.max_draft_tokens), models
+        profile = models[2].cost_profile(models[0], fresh=fresh)
+        yield Outlook(name, profile, models[2].config.max_draft_tokens), models
 
 
 def fastest(outlooks: list[Outlook]) -> Outlook:
@@ -139,7 +140,7 @@ def _defaults(outlooks: list[Outlook]) -> list[str]:
     for o in outlooks:
         length, rate = o.best(PRIOR_ACCEPTANCE)
         lookup, _ = o.best(PRIOR_ACCEPTANCE, drafted=False)
-        first = (f"the drafter drafts {length} tokens a round" if length else
+        first = (f"the drafter drafts {length} token{'s' if length != 1 else ''} a round" if length else
                  "plain steps, the drafter called only for a probe now and then (even at p="
                  f"{PRIOR_ACCEPTANCE} its draft costs more than it brings)")
         lines.append(f"{o.dtype_name}: from the first round, {first}; prompt-lookup drafts of up to {lookup} "

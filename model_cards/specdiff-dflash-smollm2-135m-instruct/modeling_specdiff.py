@@ -545,14 +545,15 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             schedule=self.config.unmasking_schedule,
         )
 
-    def cost_profile(self, verifier=None, measure: bool = True) -> CostProfile | None:
+    def cost_profile(self, verifier=None, measure: bool = True, fresh: bool = False) -> CostProfile | None:
         """This machine's `CostProfile` for this drafter beside `verifier` (default: the one `set_verifier` or
-        `attach` paired it with; None if there is none), measured on first use and cached per machine and models. A
-        `verifier` given here is paired with the drafter (`set_verifier`): measuring runs the drafter beside it."""
+        `attach` paired it with; None if there is none), measured on first use (or again, `fresh`) and cached per
+        machine and models. A `verifier` given here is paired with the drafter (`set_verifier`): measuring runs the
+        drafter beside it."""
         if verifier is not None and (self._verifier is None or self._verifier() is not verifier):
             self.set_verifier(verifier)
         verifier = self._verifier() if self._verifier is not None else None
-        return None if verifier is None else cost_profile(verifier, self, measure=measure)
+        return None if verifier is None else cost_profile(verifier, self, measure=measure, fresh=fresh)
 
     def new_length_policy(self, max_length: int | None = None, fixed: int | None = None,
                           profile: CostProfile | None = None, drafted: bool = True) -> DraftLengthPolicy:
