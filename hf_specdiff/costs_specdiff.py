@@ -45,11 +45,18 @@ class CostProfile:
     `verifier[n]`, the seconds of a verifier forward over n new tokens after a cached context (n = 1 is a plain
     decoding step), and `drafter[g]`, the seconds of a drafter call that drafts g tokens. Measured once
     (`measure_costs`) and cached per machine and models (`cost_profile`); every draft-length and tree-size policy
-    starts from it, so the first round already knows what a verified token costs here."""
+    starts from it, so the first round already knows what a verified token costs here.
+
+    Where a CPU verifier's forwards over few tokens run faster without oneDNN (bf16 on a CPU with AVX512-BF16 and no
+    AMX: a plain step 23 ms against 40 ms), `onednn_from` is the fewest new tokens a forward runs with it (fewer run
+    without it, `verifier_kernels`), `verifier` holds those chosen forwards' seconds and `torch_kernels` the seconds as
+    torch runs them by default; elsewhere `onednn_from` is None and `torch_kernels` empty."""
 
     verifier: dict[int, float]
     drafter: dict[int, float] = field(default_factory=dict)
     machine: dict = field(default_factory=dict)
+    onednn_from: int | None = None
+    torch_kernels: dict[int, float] = field(default_factory=dict)
 
     def verifier_seconds(self, num_tokens: torch.Tensor) -> torch.Tensor:
         """Seconds of verifier forwards over `num_tokens` new tokens (piecewise linear between measured counts, the
@@ -75,6 +82,12 @@ class CostProfile:
         """Seconds of a plain decoding step."""
         return float(self.verifier_seconds(torch.tensor([1.0]))[0])
 
+    @property
+    def torch_plain_step(self) -> float:
+        """Seconds of a plain decoding step with torch's default kernels (plain `generate` as a user runs it)."""
+        return float(_interpolate(self.torch_kernels, torch.tensor([1.0]))[0]) if self.torch_kernels else \
+            self.plain_step
+
     def best_rate(self, acceptance: torch.Tensor, max_length: int, drafted: bool = True) -> tuple[int, float]:
         """The draft length (0: a plain step) with the most expected tokens per second if position i is accepted
         with probability `acceptance[i]` once the positions before it were, and that rate."""
@@ -83,13 +96,19 @@ class CostProfile:
         rate = expected[:len(lengths)] / self.round_seconds(lengths[:len(expected)], drafted)
         return int(rate.argmax()), float(rate.max())
 
+    def verifier_kernels(self, verifier) -> "VerifierKernels":
+        """A context in which `verifier`'s forwards run with the kernels this profile chose (`onednn_from`)."""
+        return VerifierKernels(verifier, self.onednn_from)
+
     def to_dict(self) -> dict:
-        return {"verifier": self.verifier, "drafter": self.drafter, "machine": self.machine}
+        return {"verifier": self.verifier, "drafter": self.drafter, "machine": self.machine,
+                "onednn_from": self.onednn_from, "torch_kernels": self.torch_kernels}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostProfile":
         return cls({int(k): float(v) for k, v in data["verifier"].items()},
-                   {int(k): float(v) for k, v in data.get("drafter", {}).items()}, data.get("machine", {}))
+                   {int(k): float(v) for k, v in data.get("drafter", {}).items()}, data.get("machine", {}),
+                   data.get("onednn_from"), {int(k): float(v) for k, v in data.get("torch_kernels", {}).items()})
 
 
 def _interpolate(points: dict[int, float], x: torch.Tensor) -> torch.Tensor:
@@ -131,18 +150,24 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
     The fastest, not the median: other work on the machine only adds time, and a profile is kept once and for all.
     (Medians of 3 taken while another process ran put a plain fp32 step at 215 ms and an 8-token forward at 2.47
     plain steps, where this machine alone takes 72 ms and 1.31.) Rounds scale the profile by how much slower the
-    machine runs while they do (`RoundCosts.slowdown`), but not its shape."""
+    machine runs while they do (`RoundCosts.slowdown`), but not its shape. Where oneDNN may be switched off
+    (`onednn_is_optional`), each verifier forward is also timed without it, and the profile chooses between them
+    (`CostProfile.onednn_from`)."""
     device = verifier.device
     vocab = verifier.config.get_text_config().vocab_size
     ids = torch.randint(vocab, (1, context + max(lengths)), generator=torch.Generator().manual_seed(0)).to(device)
     context_cache = DynamicCache(config=verifier.config)
     verifier(input_ids=ids[:, :context], use_cache=True, **{CACHE_KWARG: context_cache})
 
-    def verifier_forward(n):
+    def verifier_forward(n, onednn=True):
         cache = copy.deepcopy(context_cache)  # a fresh copy each time: every cache layer kind, every version
-        start = device_clock(device)
-        verifier(input_ids=ids[:, context:context + n], use_cache=True, logits_to_keep=n, **{CACHE_KWARG: cache})
-        return device_clock(device) - start
+        initial, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, onednn
+        try:
+            start = device_clock(device)
+            verifier(input_ids=ids[:, context:context + n], use_cache=True, logits_to_keep=n, **{CACHE_KWARG: cache})
+            return device_clock(device) - start
+        finally:
+            torch.backends.mkldnn.enabled = initial
 
     runs = {}
     if drafter is not None:
@@ -157,6 +182,8 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
         runs.update({("drafter", g): functools.partial(drafter_call, g)
                      for g in sorted({1, drafter.config.max_draft_tokens})})
     runs.update({("verifier", n): functools.partial(verifier_forward, n) for n in lengths})
+    if onednn_is_optional(verifier):
+        runs.update({("no oneDNN", n): functools.partial(verifier_forward, n, False) for n in lengths})
     seconds = {name: [] for name in runs}
     for repeat in range(repeats + 1):  # interleaved, so that a slow minute does not fall on one length
         for name, run in runs.items():
@@ -164,9 +191,66 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
             if repeat:
                 seconds[name].append(elapsed)
     fastest = {name: min(times) for name, times in seconds.items()}
-    return CostProfile({n: t for (kind, n), t in fastest.items() if kind == "verifier"},
-                       {g: t for (kind, g), t in fastest.items() if kind == "drafter"},
-                       machine=machine_description(device))
+    verifier_seconds = {n: t for (kind, n), t in fastest.items() if kind == "verifier"}
+    without = {n: t for (kind, n), t in fastest.items() if kind == "no oneDNN"}
+    onednn_from = _onednn_from(verifier_seconds, without) if without else None
+    chosen = {n: without[n] if onednn_from is not None and n < onednn_from else t for n, t in verifier_seconds.items()}
+    return CostProfile(chosen, {g: t for (kind, g), t in fastest.items() if kind == "drafter"},
+                       machine=machine_description(device), onednn_from=onednn_from,
+                       torch_kernels=verifier_seconds if onednn_from is not None else {})
+
+
+def onednn_is_optional(verifier) -> bool:
+    """Whether torch runs `verifier`'s matrix products with oneDNN and could run them without: a bf16 or fp16 model
+    on a CPU where oneDNN is on (the only case where torch picks it for them; fp32 products never use it)."""
+    return verifier.device.type == "cpu" and verifier.dtype in (torch.bfloat16, torch.float16) and \
+        torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
+
+
+def _onednn_from(with_onednn: dict[int, float], without: dict[int, float], margin: float = 0.05) -> int | None:
+    """The fewest new tokens from which no measured forward is more than `margin` slower with oneDNN than without
+    (None where that is all of them: the default kernels do as well throughout, as where torch does not use oneDNN
+    for them and the two timings differ by noise alone)."""
+    lengths = sorted(with_onednn)
+    slower = [n for n in lengths if with_onednn[n] > (1 + margin) * without[n]]
+    if not slower:
+        return None
+    later = [n for n in lengths if n > max(slower)]
+    return later[0] if later else max(slower) + 1
+
+
+class VerifierKernels:
+    """While active, each forward of `verifier` over fewer new tokens than `onednn_from` runs without oneDNN (faster
+    there, `CostProfile`), and every other forward as torch runs it; nothing changes where `onednn_from` is None.
+    Forward hooks on the verifier, taken off on exit, with oneDNN's setting as it was."""
+
+    def __init__(self, verifier, onednn_from: int | None):
+        self.verifier = verifier
+        self.onednn_from = onednn_from
+        self.handles, self.saved = [], []
+
+    def __enter__(self):
+        if self.onednn_from is not None and onednn_is_optional(self.verifier):
+            self.initial = torch.backends.mkldnn.enabled
+            self.handles = [self.verifier.register_forward_pre_hook(self._before, with_kwargs=True),
+                            self.verifier.register_forward_hook(self._after)]
+        return self
+
+    def _before(self, module, args, kwargs):
+        tokens = kwargs.get("input_ids", args[0] if args else None)
+        tokens = kwargs.get("inputs_embeds") if tokens is None else tokens
+        self.saved.append(torch.backends.mkldnn.enabled)
+        torch.backends.mkldnn.enabled = tokens is None or tokens.shape[1] >= self.onednn_from
+
+    def _after(self, module, args, output):
+        torch.backends.mkldnn.enabled = self.saved.pop()
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        if self.handles:
+            torch.backends.mkldnn.enabled = self.initial
+        self.handles, self.saved = [], []
 
 
 class CpuContention:
@@ -224,7 +308,8 @@ def _cost_key(verifier, drafter) -> str:
 def _hashed_cost_key(verifier, drafter) -> str:
     parts = [machine_description(verifier.device), verifier.config.to_json_string(use_diff=False), str(verifier.dtype),
              getattr(verifier.config, "_attn_implementation", None), PROFILE_LENGTHS, PROFILE_CONTEXT,
-             f"fastest of {PROFILE_REPEATS}"]  # profiles kept as medians of 3 before 2026-12-07 are measured again
+             f"fastest of {PROFILE_REPEATS}", "oneDNN chosen"]  # older profiles (medians of 3, no kernel choice) are
+    # measured again
     if drafter is not None:
         parts += [drafter.config.to_json_string(use_diff=False), str(drafter.dtype), str(drafter.device)]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]

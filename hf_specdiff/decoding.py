@@ -37,7 +37,7 @@ import inspect
 import math
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -857,7 +857,10 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
                                  num_drafts=num_drafts, draft_length=draft_length, lookup_tokens=lookup_tokens,
                                  num_lookup_drafts=num_lookup_drafts, max_tree_nodes=max_tree_nodes,
                                  streamer=token_streamer, stats=stats, cost_profile=cost_profile)
-    return tree_decoding(input_ids, model_kwargs[CACHE_KWARG])
+    # a drafter's remote code from before 2026-12-07 gives profiles without a kernel choice
+    kernels = cost_profile.verifier_kernels(model) if hasattr(cost_profile, "verifier_kernels") else nullcontext()
+    with kernels:  # where the profile found forwards over few tokens faster without oneDNN, they run without it
+        return tree_decoding(input_ids, model_kwargs[CACHE_KWARG])
 
 
 def generate(model, drafter=None, *args, num_drafts: int = 1, draft_length: int | None = None, lookup_tokens: int = 0,

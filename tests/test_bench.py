@@ -1,12 +1,14 @@
 """The benchmark harness on tiny models: every method, interleaved, with its outputs."""
 
+import dataclasses
 import json
 
 import pytest
 import torch
 
 import hf_specdiff.costs_specdiff as costs_specdiff
-from hf_specdiff.tools.bench import bench_methods, benchmark, by_kind, read_spec_bench, save
+from hf_specdiff.costs_specdiff import CostProfile
+from hf_specdiff.tools.bench import PLAIN_WITH_KERNELS, bench_methods, benchmark, by_kind, read_spec_bench, save
 from helpers import tiny_dflash_drafter, greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 
@@ -72,6 +74,23 @@ def test_bench_runs_only_the_methods_asked_for(tmp_path):
     assert summary["methods"] == ["plain", "SpecDiff-2 (K=4)"]
     with pytest.raises(ValueError, match=r"unknown method\(s\) \['AR drafter'\].*'SpecDiff-2 \(K=1\)'"):
         benchmark(verifier, tokenizer, _questions(tmp_path, 2), drafter=drafter, only=["AR drafter"], progress=False)
+
+
+def test_bench_runs_plain_with_the_kernels_the_profile_chose_beside_plain(tmp_path):
+    verifier, tokenizer = tiny_verifier("llama", dtype=torch.bfloat16), tiny_tokenizer()
+    drafter = tiny_drafter(verifier, block_size=8).to(torch.bfloat16)
+    profile = CostProfile({1: 1.0, 2: 1.5, 4: 2.0}, {1: 0.1, 8: 0.1}, onednn_from=3, torch_kernels={1: 2.0, 4: 2.0})
+    costs_specdiff.set_cost_profile(verifier, drafter, profile)
+    onednn = []
+    verifier.model.register_forward_pre_hook(lambda *_: onednn.append(torch.backends.mkldnn.enabled))
+    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 1), drafter=drafter, max_new_tokens=6,
+                        only=["SpecDiff-2 (K=1)"], progress=False)
+    assert summary["methods"] == ["plain", PLAIN_WITH_KERNELS, "SpecDiff-2 (K=1)"]
+    assert summary["results"]["overall"][PLAIN_WITH_KERNELS]["tau"] == 1.0 and False in onednn
+    costs_specdiff.set_cost_profile(verifier, drafter, dataclasses.replace(profile, onednn_from=None))
+    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 1), drafter=drafter, max_new_tokens=6,
+                        only=["SpecDiff-2 (K=1)"], progress=False)
+    assert summary["methods"] == ["plain", "SpecDiff-2 (K=1)"]  # no other kernels: nothing to compare
 
 
 def test_bench_labels_a_conditioned_mdlm_drafter_and_gives_it_self_selection_and_lookup(tmp_path):

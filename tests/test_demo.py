@@ -31,6 +31,9 @@ def test_demo_says_when_the_machine_runs_at_another_speed_than_its_cost_profile(
     slower, faster = speed_change_note(profile, 0.060), speed_change_note(profile, 0.015)
     assert "60.0 ms a token here, 2.0x" in slower and "was quieter when" in slower and str(tmp_path / "costs") in slower
     assert "0.5x" in faster and "was busier when" in faster
+    kernels = CostProfile({1: 0.030, 2: 0.032}, onednn_from=2, torch_kernels={1: 0.060, 2: 0.061})
+    assert speed_change_note(kernels, 0.060) is None  # plain `generate` runs with torch's kernels: as measured
+    assert "0.5x" in speed_change_note(kernels, 0.030) and "60.0 ms a step" in speed_change_note(kernels, 0.030)
 
 
 def thread_counts(model) -> set:

@@ -1,6 +1,7 @@
 """The machine's cost profile: measured once, cached per machine and models, read by `hf-specdiff doctor`, the
 demo and `--dtype auto`."""
 
+import dataclasses
 import json
 import os
 import re
@@ -173,3 +174,80 @@ def test_auto_dtype_loads_each_dtype_once_and_keeps_the_fastest(tmp_path, monkey
     assert loads == [torch.bfloat16, torch.float32]
     assert model.dtype == drafter.dtype == torch.float32 and tokenizer is not None
     assert "--dtype auto: fp32" in capsys.readouterr().out
+
+
+# a CPU where a bf16 forward over 1 or 2 new tokens runs faster without oneDNN (an AVX512-BF16 CPU without AMX)
+KERNEL_CHOICE = CostProfile({1: 1.0, 2: 1.5, 4: 2.0, 8: 2.2}, {1: 0.1, 8: 0.1}, onednn_from=3,
+                            torch_kernels={1: 2.0, 2: 2.0, 4: 2.0, 8: 2.2})
+needs_onednn = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+
+
+@needs_onednn
+def test_the_profile_times_bf16_forwards_with_and_without_onednn_and_keeps_the_faster_for_each_length(monkeypatch):
+    """Without oneDNN a forward costs 0.5 + 0.5 n here, with it 2 + 0.01 n: 1 and 2 new tokens run faster without it
+    (3 by less than noise)."""
+    verifier = tiny_verifier("llama", dtype=torch.bfloat16)
+    clock, runs = [0.0], []
+
+    def timed_forward(module, args, kwargs, output):
+        n, onednn = kwargs["input_ids"].shape[1], torch.backends.mkldnn.enabled
+        runs.append((n, onednn))
+        clock[0] += 2.0 + 0.01 * n if onednn else 0.5 + 0.5 * n
+
+    verifier.register_forward_hook(timed_forward, with_kwargs=True)
+    monkeypatch.setattr(costs_specdiff, "device_clock", lambda device: clock[0])
+    profile = costs_specdiff.measure_costs(verifier)
+    assert torch.backends.mkldnn.enabled  # as it was
+    assert profile.onednn_from == 3 and profile.plain_step == pytest.approx(1.0)
+    assert profile.torch_plain_step == pytest.approx(2.01)
+    assert profile.verifier == pytest.approx({n: 0.5 + 0.5 * n if n < 3 else 2.0 + 0.01 * n for n in PROFILE_LENGTHS})
+    assert CostProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile  # kept as it was measured
+
+    verifier = tiny_verifier("llama")  # fp32 products never use oneDNN: timed once, as torch runs them
+    verifier.register_forward_hook(timed_forward, with_kwargs=True)
+    runs.clear()
+    profile = costs_specdiff.measure_costs(verifier)
+    assert profile.onednn_from is None and profile.torch_kernels == {} and all(onednn for _, onednn in runs)
+
+
+def test_kernels_are_chosen_only_where_they_are_faster_by_more_than_noise():
+    with_onednn = {1: 2.0, 2: 2.0, 4: 2.0, 8: 2.2}
+    assert costs_specdiff._onednn_from(with_onednn, {1: 1.0, 2: 1.95, 4: 3.0, 8: 5.0}) == 2
+    assert costs_specdiff._onednn_from(with_onednn, {1: 1.0, 2: 2.1, 4: 1.5, 8: 5.0}) == 8  # faster again at 4
+    assert costs_specdiff._onednn_from(with_onednn, {n: 0.97 * t for n, t in with_onednn.items()}) is None  # noise
+    assert costs_specdiff._onednn_from(with_onednn, {n: 0.5 * t for n, t in with_onednn.items()}) == 9  # always
+
+
+@needs_onednn
+def test_specdiff_generate_runs_verifier_forwards_over_few_tokens_without_onednn_and_restores_it():
+    from hf_specdiff import generate
+
+    verifier = tiny_verifier("llama", dtype=torch.bfloat16)
+    drafter = tiny_drafter(verifier, block_size=8).to(torch.bfloat16)
+    seen = []
+    verifier.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[1], torch.backends.mkldnn.enabled)),
+        with_kwargs=True)
+    prompt = torch.tensor([[5, 9, 20, 7, 5, 9, 20, 7]])
+    cheap_with_kernels = dataclasses.replace(CHEAP_TOKENS, onednn_from=2)  # drafting pays: forwards of 1, 2, more
+    out = generate(verifier, drafter, input_ids=prompt, max_new_tokens=12, do_sample=False, num_drafts=2,
+                   lookup_tokens=4, cost_profile=cheap_with_kernels)
+    assert out.shape[1] > prompt.shape[1] and torch.backends.mkldnn.enabled
+    assert {min(n, 3) for n, _ in seen} == {1, 2, 3}  # forwards below, at and above the threshold
+    assert all(onednn == (n >= 2) for n, onednn in seen)
+    seen.clear()
+    generate(verifier, drafter, input_ids=prompt, max_new_tokens=12, do_sample=False, cost_profile=CHEAP_TOKENS)
+    assert all(onednn for _, onednn in seen)  # a profile that chose no kernels changes none
+    with pytest.raises(RuntimeError, match="boom"):  # a forward that fails leaves oneDNN as it was
+        with KERNEL_CHOICE.verifier_kernels(verifier):
+            verifier.model.register_forward_hook(lambda *_: (_ for _ in ()).throw(RuntimeError("boom")))
+            verifier(input_ids=prompt[:, :1])
+    assert torch.backends.mkldnn.enabled
+
+
+def test_the_doctor_says_what_the_kernel_choice_gains_and_how_a_users_own_calls_get_it():
+    text = report([Outlook("bf16", KERNEL_CHOICE, 8), Outlook("fp32", CHEAP_TOKENS, 8)])
+    assert "bf16: verifier forwards over fewer than 3 new tokens run faster without oneDNN here (a plain step " \
+           "1000.0 ms against 2000.0 ms" in text and "the same 2.00x" in text and "verifier_kernels(model)" in text
+    assert "fp32: verifier forwards" not in text
+    assert "oneDNN" not in report([Outlook("fp32", CHEAP_TOKENS, 8)])

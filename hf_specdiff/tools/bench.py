@@ -7,7 +7,9 @@ conditioned (a drafter that reads the verifier's hidden states), each drafter at
 K>1: self-selection) and, on request, with a prompt-lookup branch in its tree ("+ lookup"). Per
 category and overall: tokens/s, speed-up over plain, tau (tokens per verifier forward), acceptance by draft
 position (SpecDiff methods), exact match with plain greedy, and the drafter's cost: milliseconds per drafter
-forward next to milliseconds per verifier forward. Writes results.json, results.md and PNG plots.
+forward next to milliseconds per verifier forward. Where the machine's cost profile runs some verifier forwards
+with other kernels than torch's default, plain `generate` runs with them too (`PLAIN_WITH_KERNELS`). Writes
+results.json, results.md and PNG plots.
 
 A long run loses nothing on a crash: each finished prompt's records go to a JSON-lines file as they come, and a
 rerun with the same settings resumes after the last finished prompt.
@@ -28,6 +30,10 @@ from ..costs_specdiff import device_clock
 from ..training.evaluate import plot_acceptance
 from .threads import torch_threads
 
+# plain `generate` with the kernels the SpecDiff loop runs each forward with (`CostProfile.verifier_kernels`); run
+# beside plain where a cost profile chose other kernels than torch's default (bf16 on an AVX512-BF16 CPU: a plain
+# step 23 ms against 40 ms), so that a speed-up the kernels bring is not read as the drafter's
+PLAIN_WITH_KERNELS = "plain, SpecDiff's kernels"
 
 def read_spec_bench(path, per_category: int) -> list[dict]:
     """The first `per_category` questions of each category (first turn only)."""
@@ -143,7 +149,7 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     which); any may be None. Each runs at every K in `num_drafts`. `with_lookup` adds, for every SpecDiff
     method, a "+ lookup" one whose tree also holds prompt-lookup drafts of `prompt_lookup_tokens` tokens, one
     method per count in `lookup_drafts` ("+ lookup x1" for one draft; no suffix for the default count). `only`
-    keeps the named methods (plain always runs: it is the reference). `records_file` (JSON lines) receives each
+    keeps the named methods (plain always runs: it is the reference; so does `PLAIN_WITH_KERNELS` where it applies). `records_file` (JSON lines) receives each
     prompt's records when the prompt is done; if it exists, its finished prompts are kept and the run goes on from
     there, provided the methods, prompts and `run_info` (anything else a resumed run must share, such as the
     drafter paths) are the same. `threads` sets torch's thread count for the run; the caller's count is restored
@@ -153,22 +159,24 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     prompt from the same seed; sampled texts differ between methods, so no exact-match rate is reported."""
     methods = bench_methods(drafter, mdlm_drafter, ar_drafter, conditioned_drafter, num_drafts, prompt_lookup_tokens,
                             with_lookup, dflash_drafter, lookup_drafts)
+    drafters = [m for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter, dflash_drafter) if m is not None]
+    with torch_threads(threads):  # this machine's cost profiles, measured once (cached), not in a timed call
+        profiles = [model.cost_profile(verifier) for model in drafters if hasattr(model, "cost_profile")]
+    kernels = next((p for p in profiles if p is not None and p.onednn_from is not None), None)
+    if kernels is not None:  # the SpecDiff loop's plain steps run faster than plain `generate`'s: show by how much
+        methods = {"plain": methods.pop("plain"), PLAIN_WITH_KERNELS: dict(kernels=kernels), **methods}
     if only is not None:
         unknown = [m for m in only if m not in methods]
         if unknown:
             raise ValueError(f"unknown method(s) {unknown}; with the drafters given, the methods are {list(methods)}")
-        methods = {m: o for m, o in methods.items() if m == "plain" or m in only}
+        methods = {m: o for m, o in methods.items() if m in ("plain", PLAIN_WITH_KERNELS) or m in only}
     if repeats < 1:
         raise ValueError(f"repeats must be at least 1, got {repeats}")
     settings = {"methods": list(methods), "max_new_tokens": max_new_tokens, "num_prompts": len(prompts),
                 **({"repeats": repeats} if repeats > 1 else {}), **({"sampling": sampling} if sampling else {}),
                 "prompt_lookup_tokens": prompt_lookup_tokens, "prompts": _fingerprint(prompts), **(run_info or {})}
     records, done = _resume(records_file, settings)
-    drafters = [m for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter, dflash_drafter) if m is not None]
     with torch_threads(threads):
-        for model in drafters:  # this machine's cost profile, measured once (cached), not in a timed call
-            if hasattr(model, "cost_profile"):
-                model.cost_profile(verifier)
         timers = {}
         for model in (verifier, *drafters):  # one timer per model, however many methods share it
             if id(model) not in timers:
@@ -238,8 +246,12 @@ def _run_method(verifier, inputs: dict, options: dict, max_new_tokens: int, time
     for timer in (verifier_timer, drafter_timer):
         if timer is not None:
             timer.reset()
+    kernels = options.pop("kernels", None)
     start = device_clock(verifier.device)
-    if "specdiff" in options:
+    if kernels is not None:
+        with kernels.verifier_kernels(verifier):
+            out = _assisted_generate(verifier, inputs, max_new_tokens, options)
+    elif "specdiff" in options:
         out = generate(verifier, options.pop("specdiff"), **inputs, max_new_tokens=max_new_tokens, stats=stats,
                        **options)
     else:

@@ -89,11 +89,12 @@ def run_demo(prompts: str | list[str] | None = None, verifier: str = DEFAULT_VER
             model, tokenizer, draft_model = load_pair(verifier, drafter, DTYPES.get(dtype, dtype))
         print("drafted by the drafter and accepted by the verifier: " +
               (f"{DRAFTED_COLOUR}green{RESET}" if colour else "[in brackets]") + "; the rest: the verifier's own")
+        profile = draft_model.cost_profile(model)
+        kernels = profile if profile is not None and profile.onednn_from is not None else None
         results = [_compare(model, tokenizer, draft_model, prompt, dict(num_drafts=num_drafts,
                                                                         lookup_tokens=lookup_tokens),
-                            max_new_tokens, colour) for prompt in prompts]
+                            max_new_tokens, colour, kernels) for prompt in prompts]
         _print_total(results, model.dtype)
-        profile = draft_model.cost_profile(model)
         _print_outlook(Outlook(str(model.dtype).removeprefix("torch."), profile, draft_model.config.max_draft_tokens))
         note = speed_change_note(profile, sum(r["plain_s"] for r in results) / sum(r["tokens"] for r in results))
         if note:
@@ -105,11 +106,11 @@ def speed_change_note(profile: CostProfile, plain_seconds_per_token: float, thre
     """What to tell the user when plain decoding ran here at least `threshold` times slower or faster per token than
     the cost profile's plain step: the machine was busier or quieter when its costs were measured. Each generation
     rescales the profile by what its rounds measure, but `--dtype auto` chose the dtype from the profile alone."""
-    ratio = plain_seconds_per_token / profile.plain_step
+    ratio = plain_seconds_per_token / profile.torch_plain_step  # plain `generate` runs with torch's kernels
     if 1 / threshold < ratio < threshold:
         return None
     return (f"note: plain decoding took {1000 * plain_seconds_per_token:.1f} ms a token here, {ratio:.1f}x this "
-            f"machine's cost profile ({1000 * profile.plain_step:.1f} ms a step): the machine was "
+            f"machine's cost profile ({1000 * profile.torch_plain_step:.1f} ms a step): the machine was "
             f"{'quieter' if ratio > 1 else 'busier'} when its costs were measured. Each generation rescales them by "
             "what it measures, but the dtype was chosen from them; to measure them again, delete "
             f"{cost_profile_dir()}.")
@@ -124,6 +125,11 @@ def _print_total(results: list[dict], dtype: torch.dtype):
     print(f"\ntotal ({len(results)} prompts): plain {plain:.1f} tok/s | SpecDiff-2 {fast:.1f} tok/s | speed-up "
           f"{fast / plain:.2f}x | identical to plain greedy: {identical} of {len(results)}" +
           ("" if dtype == torch.float32 else " (bf16: see above)"))
+    if all("plain_kernels_tok_s" in r for r in results):
+        kernels = sum(r["plain_kernels_tokens"] for r in results) / sum(r["plain_kernels_s"] for r in results)
+        print(f"plain with SpecDiff's kernels {kernels:.1f} tok/s ({kernels / plain:.2f}x plain): SpecDiff-2 "
+              f"{fast / kernels:.2f}x that. On this machine some verifier forwards run faster without oneDNN, and "
+              "SpecDiff's loop runs them so; `hf-specdiff doctor` says how your own calls get that.")
 
 
 def _print_outlook(outlook: Outlook):
@@ -149,7 +155,9 @@ def _timed(model, call) -> tuple:
 
 
 def _compare(model, tokenizer, draft_model, prompt: str | list, options: dict, max_new_tokens: int,
-             colour: bool) -> dict:
+             colour: bool, kernels: CostProfile | None = None) -> dict:
+    """SpecDiff and plain greedy on one prompt, printed and returned; with `kernels` (a profile that runs some
+    forwards with other kernels than torch's default, as the SpecDiff loop does), plain greedy with them too."""
     messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]  # a chat, or one request
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     prompt = messages[-1]["content"]
@@ -168,6 +176,11 @@ def _compare(model, tokenizer, draft_model, prompt: str | list, options: dict, m
     plain, plain_s = _timed(model, lambda: model.generate(**inputs, **kwargs))
     plain_s = min(plain_s, _timed(model, lambda: model.generate(**inputs, **kwargs))[1])
     fast_s = min(streamed_s, _timed(model, lambda: generate(model, draft_model, **inputs, **options, **kwargs))[1])
+    if kernels is not None:
+        with kernels.verifier_kernels(model):  # its text may differ from plain's in bf16: its own tokens count
+            runs = [_timed(model, lambda: model.generate(**inputs, **kwargs)) for _ in range(2)]
+        kernels_tokens, kernels_s = max(((out.shape[1] - prompt_len, s) for out, s in runs), key=lambda r: r[0] / r[1])
+        kernels_tok_s = kernels_tokens / kernels_s
 
     result = {"prompt": prompt, "plain_tok_s": (plain.shape[1] - prompt_len) / plain_s,
               "specdiff_tok_s": (fast.shape[1] - prompt_len) / fast_s, "tau": stats.tau,
@@ -175,6 +188,9 @@ def _compare(model, tokenizer, draft_model, prompt: str | list, options: dict, m
               "specdiff_s": fast_s,
               "identical": fast.tolist() == plain.tolist(), **options, "dtype": str(model.dtype)}
     result["speedup"] = result["specdiff_tok_s"] / result["plain_tok_s"]
+    if kernels is not None:
+        result.update(plain_kernels_tokens=kernels_tokens, plain_kernels_s=kernels_s, plain_kernels_tok_s=kernels_tok_s)
+        result["speedup_over_plain_kernels"] = result["specdiff_tok_s"] / kernels_tok_s
     method = f"SpecDiff-2 (K={options['num_drafts']}" + (
         f", lookup {options['lookup_tokens']})" if options["lookup_tokens"] else ")")
     exact_note = "" if result["identical"] or model.dtype == torch.float32 else \
@@ -182,4 +198,7 @@ def _compare(model, tokenizer, draft_model, prompt: str | list, options: dict, m
     print(f"plain {result['plain_tok_s']:.1f} tok/s | {method} {result['specdiff_tok_s']:.1f} tok/s"
           f" | speed-up {result['speedup']:.2f}x | tau {stats.tau:.2f} | identical to plain greedy: "
           f"{result['identical']}{exact_note}")
+    if kernels is not None:
+        print(f"  plain with SpecDiff's kernels {kernels_tok_s:.1f} tok/s: SpecDiff-2 "
+              f"{result['speedup_over_plain_kernels']:.2f}x that")
     return result

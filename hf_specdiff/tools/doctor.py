@@ -104,8 +104,25 @@ def report(outlooks: list[Outlook]) -> str:
     lines = [f"machine: {machine.get('processor')}, {machine.get('cpu_capability')}, {machine.get('threads')} "
              f"threads, torch {machine.get('torch')}" + (f", {machine['accelerator']}" if "accelerator" in machine
                                                         else ""), ""]
-    lines += _cost_table(outlooks) + [""] + _speedup_table(outlooks) + [""] + _defaults(outlooks)
+    lines += _cost_table(outlooks) + [""] + _kernels(outlooks) + _speedup_table(outlooks) + [""] + _defaults(outlooks)
     return "\n".join(lines)
+
+
+def _kernels(outlooks: list[Outlook]) -> list[str]:
+    """What the profiles' kernel choice (`CostProfile.onednn_from`) gains, and how a user's own calls get it; nothing
+    where no profile chose."""
+    lines = []
+    for o in outlooks:
+        if o.profile.onednn_from is None:
+            continue
+        default = o.profile.torch_plain_step
+        lines.append(f"{o.dtype_name}: verifier forwards over fewer than {o.profile.onednn_from} new tokens run faster "
+                     f"without oneDNN here (a plain step {1000 * o.profile.plain_step:.1f} ms against "
+                     f"{1000 * default:.1f} ms as torch runs it), and hf_specdiff's own loop runs them so. Plain "
+                     f"`generate` gets the same {default / o.profile.plain_step:.2f}x, and `assistant_model=` the "
+                     "same kernels, inside `with drafter.cost_profile(model).verifier_kernels(model):`; "
+                     "the costs above and the speed-ups below are with them.")
+    return lines + [""] if lines else []
 
 
 def _cost_table(outlooks: list[Outlook]) -> list[str]:
