@@ -5,7 +5,12 @@ the forward over the last committed token and k - 1 tree nodes in 4 branches, un
 chains, leaves out of a tree round.
 
     python experiments/verifier_cost.py [--verifier NAME_OR_DIR] [--dtype bf16|fp32] [--attn sdpa|eager]
-        [--context 300,1500] [--rows 1,2,4,8,16] [--tree]
+        [--context 300,1500] [--rows 1,2,4,8,16] [--tree] [--onednn on|off]
+
+`--onednn off` runs torch's matrix products without oneDNN (as `CostProfile.verifier_kernels` does for forwards over
+few tokens where that is faster): on the 2-core AMD EPYC (`avx512_bf16`, no AMX) in bf16 after 128 tokens
+(2026-12-07, torch 2.13.0-2.15.0), k=1 took 22-23 ms without it against 32-40 ms with it, k=4 as long, k=16 133 ms
+against 50-54 ms (docs/tuning.md).
 
 On the 2-core AMD EPYC (`avx512_bf16`, no AMX) in bf16 (2026-12-06, `--context 128,512 --rows 1,2,4,8,12,16
 --tree`), a tree forward cost 0.91x-1.15x the chain of as many tokens under the AVX2 imitation (two runs, 20 pairs,
@@ -71,13 +76,18 @@ def main(argv=None):
     parser.add_argument("--rows", default="1,2,4,8,16,32")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tree", action="store_true", help="also time tree forwards of as many tokens")
+    parser.add_argument("--onednn", default="on", choices=["on", "off"], help="off: matrix products without oneDNN")
     args = parser.parse_args(argv)
-    with torch_threads(args.threads):
-        model, _ = load_verifier(args.verifier, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
-        model.set_attn_implementation(args.attn)
-        contexts = [int(c) for c in args.context.split(",")]
-        ms = {c: forward_ms(model, c, [int(k) for k in args.rows.split(",")], tree=args.tree) for c in contexts}
-    print(f"capability {torch.backends.cpu.get_cpu_capability()}, {args.dtype}, {args.attn}")
+    initial, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, args.onednn == "on"
+    try:
+        with torch_threads(args.threads):
+            model, _ = load_verifier(args.verifier, dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype])
+            model.set_attn_implementation(args.attn)
+            contexts = [int(c) for c in args.context.split(",")]
+            ms = {c: forward_ms(model, c, [int(k) for k in args.rows.split(",")], tree=args.tree) for c in contexts}
+    finally:
+        torch.backends.mkldnn.enabled = initial
+    print(f"capability {torch.backends.cpu.get_cpu_capability()}, {args.dtype}, {args.attn}, oneDNN {args.onednn}")
     for context, by_rows in ms.items():
         first = by_rows[min(k for k in by_rows if k > 0)]
         print(f"after {context} tokens: " + ", ".join(

@@ -52,6 +52,8 @@ def test_cost_profile_is_measured_once_per_machine_and_models_then_read_from_dis
     assert cost_profile(verifier, drafter) == profile
     with pytest.raises(pytest.fail.Exception, match="measured again"):  # asked afresh (`doctor --measure`)
         cost_profile(verifier, drafter, fresh=True)
+    with torch.backends.mkldnn.flags(enabled=False):  # oneDNN switched off by the user: another profile
+        assert cost_profile(verifier, drafter, measure=False) is None
     verifier.to(torch.float64)  # another dtype: another profile
     assert cost_profile(verifier, drafter, measure=False) is None
     with pytest.raises(pytest.fail.Exception, match="measured again"):

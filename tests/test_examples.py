@@ -41,7 +41,7 @@ def run(script: str, *args: str) -> str:
     """Run `python <script> <args>` (a path from the repository's root) in this process (sparing a second interpreter's ~8 s of imports) and
     return what it printed. The script sees its own argv, its folder on the path and `__name__ == "__main__"`."""
     path = REPO / script
-    saved = sys.argv, list(sys.path), torch.get_num_threads()
+    saved = sys.argv, list(sys.path), torch.get_num_threads(), torch.backends.mkldnn.enabled
     sys.argv, sys.path[:0] = [str(path), *args], [str(path.parent)]
     out = io.StringIO()
     try:
@@ -52,6 +52,7 @@ def run(script: str, *args: str) -> str:
     finally:
         sys.argv, sys.path[:] = saved[0], saved[1]
         torch.set_num_threads(saved[2])
+        torch.backends.mkldnn.enabled = saved[3]
     return out.getvalue()
 
 
@@ -167,8 +168,8 @@ def test_draft_processors_cost(models):
 
 def test_verifier_cost(models):
     out = run("experiments/verifier_cost.py", "--verifier", str(models / "verifier"), "--dtype", "fp32", "--context", "20,40",
-              "--rows", "1,4", "--threads", "1", "--attn", "eager", "--tree")
-    assert "eager" in out and "after 20 tokens: k=1" in out and "after 40 tokens: k=1" in out and "k=4" in out
+              "--rows", "1,4", "--threads", "1", "--attn", "eager", "--tree", "--onednn", "off")
+    assert "eager, oneDNN off" in out and "after 20 tokens: k=1" in out and "after 40 tokens: k=1" in out and "k=4" in out
     assert len(re.findall(r"k=1 [0-9.]+ ms \(1\.00x\)", out)) == 2  # each context relative to its own k=1
     assert len(re.findall(r"tree / chain after \d+ tokens: k=4 [0-9.]+ ms \([0-9.]+\)\n", out)) == 2
 

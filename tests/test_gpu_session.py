@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from hf_specdiff.tools.bench import PLAIN_WITH_KERNELS
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -28,8 +30,9 @@ def test_gpu_session_dry_run_runs_every_step_and_writes_the_results(tmp_path):
     for name, row in paths.items():  # fp32 greedy: every entry point writes plain greedy's tokens
         assert "error" not in row and row["prompts"] == row["identical"] == 1, (name, row)
     assert set(results["sampling"]) >= {"K=4 + lookup", "assistant_model= (drop-in)"}
-    assert set(results["bench"]["methods"]) == {"plain", "SpecDiff-2 conditioned (K=4) + lookup",
-                                               "SpecDiff-2 dflash, transformers' loop"}
+    # plain with SpecDiff's kernels runs too where the CPU's profile chose other kernels (AVX512-BF16, no AMX)
+    assert set(results["bench"]["methods"]) - {PLAIN_WITH_KERNELS} == {
+        "plain", "SpecDiff-2 conditioned (K=4) + lookup", "SpecDiff-2 dflash, transformers' loop"}
     assert set(results["train"]) == {"specdiff", "dflash"}
     assert all(run["steps_per_second"] > 0 for run in results["train"].values())
     assert {p.name for p in out.iterdir()} >= {"results.json", "session.log", "bench_results.json"}

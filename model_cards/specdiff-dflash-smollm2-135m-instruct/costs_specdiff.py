@@ -222,7 +222,8 @@ def _onednn_from(with_onednn: dict[int, float], without: dict[int, float], margi
 class VerifierKernels:
     """While active, each forward of `verifier` over fewer new tokens than `onednn_from` runs without oneDNN (faster
     there, `CostProfile`), and every other forward as torch runs it; nothing changes where `onednn_from` is None.
-    Forward hooks on the verifier, taken off on exit, with oneDNN's setting as it was."""
+    Forward hooks on the verifier, taken off on exit, with oneDNN's setting as it was (a process-wide setting: other
+    threads' products during such a forward run without oneDNN too)."""
 
     def __init__(self, verifier, onednn_from: int | None):
         self.verifier = verifier
@@ -295,10 +296,11 @@ _KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # verifier -> 
 
 
 def _cost_key(verifier, drafter) -> str:
-    """The profile's name: a hash of the machine, both models' configs, dtypes and devices. Rounds ask for it at every
+    """The profile's name: a hash of the machine (oneDNN's switch included), both models' configs, dtypes and devices.
+    Rounds ask for it at every
     generation and hashing the configs takes tens of ms, so it is kept per verifier for what can change in place."""
     state = (None if drafter is None else weakref.ref(drafter), verifier.dtype, verifier.device, torch.get_num_threads(),
-             None if drafter is None else (drafter.dtype, drafter.device))
+             None if drafter is None else (drafter.dtype, drafter.device), bool(torch.backends.mkldnn.enabled))
     keys = _KEYS.setdefault(verifier, {})
     if state not in keys:
         keys[state] = _hashed_cost_key(verifier, drafter)
@@ -307,6 +309,7 @@ def _cost_key(verifier, drafter) -> str:
 
 def _hashed_cost_key(verifier, drafter) -> str:
     parts = [machine_description(verifier.device), verifier.config.to_json_string(use_diff=False), str(verifier.dtype),
+             f"oneDNN {'on' if torch.backends.mkldnn.enabled else 'off'}",
              getattr(verifier.config, "_attn_implementation", None), PROFILE_LENGTHS, PROFILE_CONTEXT,
              f"fastest of {PROFILE_REPEATS}", "oneDNN chosen"]  # older profiles (medians of 3, no kernel choice) are
     # measured again
