@@ -253,6 +253,16 @@ class VerifierKernels:
             torch.backends.mkldnn.enabled = self.initial
         self.handles, self.saved = [], []
 
+    def next_forward(self):
+        """Active for the verifier's next forward only (transformers' assisted loop runs its verification forward
+        right after each drafter call, and nothing of it can be wrapped): hooks that take themselves off after it.
+        A no-op while armed, or where nothing changes."""
+        if self.handles:
+            return
+        self.__enter__()
+        if self.handles:
+            self.handles.append(self.verifier.register_forward_hook(lambda *_: self.__exit__()))
+
 
 class CpuContention:
     """How many cores other processes kept busy from its creation to `other_cores()`, against what the measurement

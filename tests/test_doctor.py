@@ -253,3 +253,25 @@ def test_the_doctor_says_what_the_kernel_choice_gains_and_how_a_users_own_calls_
            "1000.0 ms against 2000.0 ms" in text and "the same 2.00x" in text and "verifier_kernels(model)" in text
     assert "fp32: verifier forwards" not in text
     assert "oneDNN" not in report([Outlook("fp32", CHEAP_TOKENS, 8)])
+
+
+@needs_onednn
+def test_the_drop_in_path_runs_each_verification_forward_with_the_profiles_kernels_and_leaves_no_hook(monkeypatch):
+    verifier = tiny_verifier("llama", dtype=torch.bfloat16)
+    drafter = tiny_drafter(verifier, block_size=8).to(torch.bfloat16).attach(verifier)
+    events, hooks = [], (len(verifier._forward_pre_hooks), len(verifier._forward_hooks))
+    arm = costs_specdiff.VerifierKernels.next_forward
+    monkeypatch.setattr(costs_specdiff.VerifierKernels, "next_forward", lambda self: events.append("drafted") or arm(self))
+    verifier.model.register_forward_pre_hook(
+        lambda module, args, kwargs: events.append((kwargs["input_ids"].shape[1], torch.backends.mkldnn.enabled)),
+        with_kwargs=True)
+    prompt = torch.tensor([[5, 9, 20, 7, 5, 9, 20, 7]])
+    for profile in (DEAR_TOKENS, CHEAP_TOKENS):  # plain steps, then drafts
+        costs_specdiff.set_cost_profile(verifier, drafter, dataclasses.replace(profile, onednn_from=2))
+        verifier.generate(prompt, max_new_tokens=16, do_sample=False, assistant_model=drafter)
+        assert (len(verifier._forward_pre_hooks), len(verifier._forward_hooks)) == hooks
+        assert torch.backends.mkldnn.enabled
+    # the forwards right after a drafter call (transformers' loop also runs a last plain forward without one)
+    verifications = [event for before, event in zip(events, events[1:]) if before == "drafted"]
+    assert {min(n, 2) for n, _ in verifications} == {1, 2}  # plain steps and drafts
+    assert all(onednn == (n >= 2) for n, onednn in verifications)

@@ -118,10 +118,10 @@ def _kernels(outlooks: list[Outlook]) -> list[str]:
         default = o.profile.torch_plain_step
         lines.append(f"{o.dtype_name}: verifier forwards over fewer than {o.profile.onednn_from} new tokens run faster "
                      f"without oneDNN here (a plain step {1000 * o.profile.plain_step:.1f} ms against "
-                     f"{1000 * default:.1f} ms as torch runs it), and hf_specdiff's own loop runs them so. Plain "
-                     f"`generate` gets the same {default / o.profile.plain_step:.2f}x, and `assistant_model=` the "
-                     "same kernels, inside `with drafter.cost_profile(model).verifier_kernels(model):`; "
-                     "the costs above and the speed-ups below are with them.")
+                     f"{1000 * default:.1f} ms as torch runs it), and hf_specdiff's loop runs them so, as does "
+                     "`assistant_model=drafter` once `drafter.attach(model)` paired them. Plain `generate` gets the "
+                     f"same {default / o.profile.plain_step:.2f}x inside `with drafter.cost_profile(model)"
+                     ".verifier_kernels(model):`; the costs above and the speed-ups below are with them.")
     return lines + [""] if lines else []
 
 

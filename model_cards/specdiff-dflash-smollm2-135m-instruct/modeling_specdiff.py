@@ -595,6 +595,7 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
             profile = self.cost_profile()
             lookup_policies = self.new_lookup_policies(self.assistant_lookup_tokens, profile)
             cache.assistant_rounds = AssistantRounds(self.new_length_policy(profile=profile), lookup_policies)
+            cache.verifier_kernels = None if profile is None else profile.verifier_kernels(self._verifier())
         return cache.assistant_rounds
 
     @torch.no_grad()
@@ -626,7 +627,8 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
         returns `input_ids` unchanged and one placeholder score, which transformers' loop stacks but, greedy without
         `assistant_ensemble_weight`, never reads: its verifier forward is then a plain greedy step (a sampled round
         drafts one token: the loop's sampling step needs one). The policies live in the drafter's cache, one
-        generation long; paired with its verifier (`attach`), they start from this machine's `cost_profile`.
+        generation long; paired with its verifier (`attach`), they start from this machine's `cost_profile`, and
+        the verification forward after each call runs with the profile's kernels (`CostProfile.verifier_kernels`).
         """
         # a shallow copy takes the call's settings without touching the caller's config (a deep copy cost about
         # 1 ms a round here, copying tensors this method never reads)
@@ -644,6 +646,8 @@ class SpecDiffDrafter(SpecDiffPreTrainedModel, GenerationMixin):
                 raise ValueError(_NEEDS_VERIFIER)
             past_key_values.verifier_features = self._hooks.features
         rounds = self._assistant_rounds(past_key_values, generation_config)
+        if past_key_values.verifier_kernels is not None:  # the verification forward that follows this call
+            past_key_values.verifier_kernels.next_forward()
         if rounds is not None:
             rounds.observe(input_ids)
             asked, (num_tokens, lookup) = num_tokens, rounds.next_draft(

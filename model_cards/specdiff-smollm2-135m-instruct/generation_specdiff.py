@@ -44,6 +44,7 @@ class SpecDiffCache:
         self.tokens_encoded = 0  # prefix tokens encoded over the cache's life: the drafting cost beyond the blocks
         self.verifier_features = VerifierFeatures()  # what a conditioned drafter reads (unused by a standalone one)
         self.assistant_rounds: AssistantRounds | None = None  # set when transformers' assisted loop calls the drafter
+        self.verifier_kernels = None  # with it: the profile's kernels for each verification forward (`VerifierKernels`)
 
     @property
     def num_cached(self) -> int:
