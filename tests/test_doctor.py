@@ -275,3 +275,21 @@ def test_the_drop_in_path_runs_each_verification_forward_with_the_profiles_kerne
     verifications = [event for before, event in zip(events, events[1:]) if before == "drafted"]
     assert {min(n, 2) for n, _ in verifications} == {1, 2}  # plain steps and drafts
     assert all(onednn == (n >= 2) for n, onednn in verifications)
+
+
+def test_the_demo_compares_with_plain_under_the_same_kernels_where_the_profile_chose_them(saved_models, capsys,
+                                                                                          monkeypatch):
+    from hf_specdiff import SpecDiffDrafter
+    from hf_specdiff.tools.demo import run_demo
+
+    chosen = dataclasses.replace(CHEAP_TOKENS, onednn_from=2, torch_kernels={1: 2.0, 16: 3.2})
+    monkeypatch.setattr(SpecDiffDrafter, "cost_profile", lambda drafter, model=None, **kwargs: chosen)
+    results = run_demo(["t5 t9 t20", "t7 t8"], verifier=str(saved_models / "verifier"),
+                       drafter=str(saved_models / "drafter"), dtype="bf16", max_new_tokens=6, threads=1, colour=False)
+    out = capsys.readouterr().out
+    assert out.count("  plain with SpecDiff's kernels ") == 2 and "plain with SpecDiff's kernels" in out.split("total")[1]
+    assert all(r["plain_kernels_tokens"] > 0 and r["speedup_over_plain_kernels"] > 0 for r in results)
+    monkeypatch.setattr(SpecDiffDrafter, "cost_profile", lambda drafter, model=None, **kwargs: CHEAP_TOKENS)
+    assert "SpecDiff's kernels" not in (run_demo("t5 t9", verifier=str(saved_models / "verifier"),
+                                                 drafter=str(saved_models / "drafter"), dtype="bf16",
+                                                 max_new_tokens=6, threads=1, colour=False) and capsys.readouterr().out)
