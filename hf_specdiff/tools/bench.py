@@ -152,8 +152,8 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     keeps the named methods (plain always runs: it is the reference; so does `PLAIN_WITH_KERNELS` where it
     applies). `records_file` (JSON lines) receives each prompt's records when the prompt is done; if it exists,
     its finished prompts are kept and the run goes on from there, provided the methods, prompts and `run_info`
-    (anything else a resumed run must share, such as the drafter paths) are the same. `threads` sets torch's thread count for the run; the caller's count is restored
-    on return. `repeats` > 1 runs each prompt that many times through every method (the order reversed every other
+    (anything else a resumed run must share, such as the drafter paths) are the same. `threads` sets torch's thread
+    count for the run; the caller's count is restored on return. `repeats` > 1 runs each prompt that many times through every method (the order reversed every other
     time) and keeps each method's fastest run: timing noise from other work on the machine only ever adds time.
     `sampling` (e.g. `{"temperature": 0.7, "top_p": 0.9}`) samples instead of greedy decoding, every method of a
     prompt from the same seed; sampled texts differ between methods, so no exact-match rate is reported."""

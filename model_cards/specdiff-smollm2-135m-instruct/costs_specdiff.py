@@ -307,8 +307,8 @@ _KEYS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # verifier -> 
 
 def _cost_key(verifier, drafter) -> str:
     """The profile's name: a hash of the machine (oneDNN's switch included), both models' configs, dtypes and devices.
-    Rounds ask for it at every
-    generation and hashing the configs takes tens of ms, so it is kept per verifier for what can change in place."""
+    Rounds ask for it at every generation and hashing the configs takes tens of ms, so it is kept per verifier for
+    what can change in place."""
     state = (None if drafter is None else weakref.ref(drafter), verifier.dtype, verifier.device, torch.get_num_threads(),
              None if drafter is None else (drafter.dtype, drafter.device), bool(torch.backends.mkldnn.enabled))
     keys = _KEYS.setdefault(verifier, {})
