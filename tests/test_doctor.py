@@ -198,6 +198,7 @@ def test_the_profile_times_bf16_forwards_with_and_without_onednn_and_keeps_the_f
 
     verifier.register_forward_hook(timed_forward, with_kwargs=True)
     monkeypatch.setattr(costs_specdiff, "device_clock", lambda device: clock[0])
+    monkeypatch.setattr(costs_specdiff, "onednn_has_kernels", lambda dtype: True)  # whatever this CPU has
     profile = costs_specdiff.measure_costs(verifier)
     assert torch.backends.mkldnn.enabled  # as it was
     assert profile.onednn_from == 3 and profile.plain_step == pytest.approx(1.0)
@@ -207,6 +208,13 @@ def test_the_profile_times_bf16_forwards_with_and_without_onednn_and_keeps_the_f
 
     verifier = tiny_verifier("llama")  # fp32 products never use oneDNN: timed once, as torch runs them
     verifier.register_forward_hook(timed_forward, with_kwargs=True)
+    runs.clear()
+    profile = costs_specdiff.measure_costs(verifier)
+    assert profile.onednn_from is None and profile.torch_kernels == {} and all(onednn for _, onednn in runs)
+
+    verifier = tiny_verifier("llama", dtype=torch.bfloat16)  # a CPU where oneDNN has no bf16 products (AVX2 only)
+    verifier.register_forward_hook(timed_forward, with_kwargs=True)
+    monkeypatch.setattr(costs_specdiff, "onednn_has_kernels", lambda dtype: False)
     runs.clear()
     profile = costs_specdiff.measure_costs(verifier)
     assert profile.onednn_from is None and profile.torch_kernels == {} and all(onednn for _, onednn in runs)

@@ -151,8 +151,8 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
     (Medians of 3 taken while another process ran put a plain fp32 step at 215 ms and an 8-token forward at 2.47
     plain steps, where this machine alone takes 72 ms and 1.31.) Rounds scale the profile by how much slower the
     machine runs while they do (`RoundCosts.slowdown`), but not its shape. Where oneDNN may be switched off
-    (`onednn_is_optional`), each verifier forward is also timed without it, and the profile chooses between them
-    (`CostProfile.onednn_from`)."""
+    (`onednn_is_optional`) and has kernels for the verifier's dtype here (`onednn_has_kernels`), each verifier forward
+    is also timed without it, and the profile chooses between them (`CostProfile.onednn_from`)."""
     device = verifier.device
     vocab = verifier.config.get_text_config().vocab_size
     ids = torch.randint(vocab, (1, context + max(lengths)), generator=torch.Generator().manual_seed(0)).to(device)
@@ -182,7 +182,7 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
         runs.update({("drafter", g): functools.partial(drafter_call, g)
                      for g in sorted({1, drafter.config.max_draft_tokens})})
     runs.update({("verifier", n): functools.partial(verifier_forward, n) for n in lengths})
-    if onednn_is_optional(verifier):
+    if onednn_is_optional(verifier) and onednn_has_kernels(verifier.dtype):
         runs.update({("no oneDNN", n): functools.partial(verifier_forward, n, False) for n in lengths})
     seconds = {name: [] for name in runs}
     for repeat in range(repeats + 1):  # interleaved, so that a slow minute does not fall on one length
@@ -205,6 +205,18 @@ def onednn_is_optional(verifier) -> bool:
     on a CPU where oneDNN is on (the only case where torch picks it for them; fp32 products never use it)."""
     return verifier.device.type == "cpu" and verifier.dtype in (torch.bfloat16, torch.float16) and \
         torch.backends.mkldnn.is_available() and bool(torch.backends.mkldnn.enabled)
+
+
+def onednn_has_kernels(dtype: torch.dtype) -> bool:
+    """Whether oneDNN has `dtype` matrix products for this CPU, as torch asks before it hands them over (bf16: AVX512
+    or AVX-NE-CONVERT). Not on an AVX2-only CPU, where torch runs its own kernels with oneDNN on or off, and timing
+    both compares one kernel with itself. True where torch cannot say: the timings decide."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_fp16_supported" if dtype == torch.float16 else
+                    "_is_mkldnn_bf16_supported", None)
+    try:
+        return check is None or bool(check())
+    except RuntimeError:
+        return True
 
 
 def _onednn_from(with_onednn: dict[int, float], without: dict[int, float], margin: float = 0.05) -> int | None:
@@ -323,8 +335,8 @@ def _hashed_cost_key(verifier, drafter) -> str:
     parts = [machine_description(verifier.device), verifier.config.to_json_string(use_diff=False), str(verifier.dtype),
              f"oneDNN {'on' if torch.backends.mkldnn.enabled else 'off'}",
              getattr(verifier.config, "_attn_implementation", None), PROFILE_LENGTHS, PROFILE_CONTEXT,
-             f"fastest of {PROFILE_REPEATS}", "oneDNN chosen from a plain step"]  # older profiles (medians of 3, no
-    # kernel choice, a choice made of one length's noise) are measured again
+             f"fastest of {PROFILE_REPEATS}", "oneDNN chosen where it has kernels"]  # older profiles (medians of 3, no
+    # kernel choice, a choice made of noise) are measured again
     if drafter is not None:
         parts += [drafter.config.to_json_string(use_diff=False), str(drafter.dtype), str(drafter.device)]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
