@@ -159,6 +159,19 @@ def test_prune_drafts_keeps_the_most_likely_prefixes():
     assert decoding.prune_drafts([[0, 0], [0, 0, 1]], [[-0.1, -0.2], [-0.1, -0.2, -0.3]], 3) == [[0, 0], [0, 0, 1]]
 
 
+def test_sibling_nodes_are_priced_as_the_exclusive_events_they_are():
+    """Two lookup drafts measured at 0.9 and 0.8 propose different first tokens: at most one is accepted, so together
+    they bring at most 1 token, not 1.7, and where a node costs half a plain step only the likelier pays."""
+    costs = RoundCosts()
+    for nodes, seconds in ((0, 1.0), (1, 1.5), (2, 2.0)):
+        costs.record(nodes, seconds)
+    rows, scores = [[5, 6], [7]], [[math.log(0.9), math.log(0.9 * 0.5)], [math.log(0.8)]]
+    assert decoding.prune_drafts(rows, scores, 15, costs=costs) == [[5], []]
+    ranked = dict(decoding._ranked_prefixes(rows, scores))
+    assert math.exp(ranked[(5,)]) == pytest.approx(0.9 / 1.7) and math.exp(ranked[(7,)]) == pytest.approx(0.8 / 1.7)
+    assert math.exp(ranked[(5, 6)]) == pytest.approx(0.5 * 0.9 / 1.7)  # its rate after 5 as measured
+
+
 def test_tree_holds_at_most_max_tree_nodes_lookup_included(trained):
     verifier, drafter = trained("llama")
     prompt = PROMPTS[:1].repeat(1, 3)  # repeats itself: the lookup branch has a match from the start
