@@ -213,16 +213,14 @@ def top_k_drafts(log_q: torch.Tensor, k: int) -> tuple[list[list[int]], list[lis
 
 
 def _ranked_prefixes(rows: list[list[int]], path_scores: list[list[float]]) -> list[tuple[tuple, float]]:
-    """Every prefix of `rows` with its log-probability of acceptance, best first (ties: shallower first): the best
-    its rows give it, made coherent (`_coherent`)."""
+    """Every prefix of `rows` with its probability of acceptance, best first (ties: shallower first): the best its
+    rows give it, made coherent (`_coherent`)."""
     best: dict[tuple, float] = {}
     for row, row_scores in zip(rows, path_scores):
         for depth, score in enumerate(row_scores, start=1):
             key = tuple(row[:depth])
             best[key] = max(best.get(key, float("-inf")), math.exp(score))
-    probs = _coherent(best)
-    return [(key, math.log(p) if p > 0 else float("-inf"))
-            for key, p in sorted(probs.items(), key=lambda item: (-item[1], len(item[0])))]
+    return sorted(_coherent(best).items(), key=lambda item: (-item[1], len(item[0])))
 
 
 def _coherent(probs: dict[tuple, float]) -> dict[tuple, float]:
@@ -232,17 +230,16 @@ def _coherent(probs: dict[tuple, float]) -> dict[tuple, float]:
     siblings that sum to more than 1: a math answer's lookup drafts priced three nodes at 0.72, 0.60 and 0.59 where
     they brought one token a round, and made rounds of 3 nodes that did not pay on an AVX2-only CPU."""
     coherent, factor = {(): 1.0}, {(): 1.0}
-    for depth in range(1, max(map(len, probs), default=0) + 1):
-        siblings = defaultdict(list)
-        for key in probs:
-            if len(key) == depth:
-                siblings[key[:-1]].append(key)
-        for parent, children in siblings.items():
-            scaled = {child: probs[child] * factor[parent] for child in children}
-            shrink = min(1.0, coherent[parent] / max(sum(scaled.values()), 1e-30))
-            for child in children:
-                coherent[child] = scaled[child] * shrink
-                factor[child] = coherent[child] / probs[child] if probs[child] > 0 else 0.0
+    by_depth = defaultdict(list)
+    for key in probs:
+        by_depth[len(key)].append((key, key[:-1]))
+    for depth in sorted(by_depth):  # parents before their children
+        level, total = by_depth[depth], defaultdict(float)
+        for key, parent in level:
+            total[parent] += probs[key] * factor[parent]
+        for key, parent in level:
+            p = probs[key] * factor[parent] * min(1.0, coherent[parent] / max(total[parent], 1e-30))
+            coherent[key], factor[key] = p, (p / probs[key] if probs[key] > 0 else 0.0)
     del coherent[()]
     return coherent
 
@@ -255,7 +252,7 @@ def prune_drafts(rows: list[list[int]], path_scores: list[list[float]], max_node
     `costs` (`RoundCosts`), `max_nodes` is a cap and `tree_budget` picks how many to keep."""
     ranked = _ranked_prefixes(rows, path_scores)
     if costs is not None:
-        max_nodes = tree_budget([math.exp(log_p) for _, log_p in ranked], costs, max_nodes)
+        max_nodes = tree_budget([p for _, p in ranked], costs, max_nodes)
     kept = {key for key, _ in ranked[:max_nodes]}
     out = []
     for row in rows:

@@ -168,8 +168,8 @@ def test_sibling_nodes_are_priced_as_the_exclusive_events_they_are():
     rows, scores = [[5, 6], [7]], [[math.log(0.9), math.log(0.9 * 0.5)], [math.log(0.8)]]
     assert decoding.prune_drafts(rows, scores, 15, costs=costs) == [[5], []]
     ranked = dict(decoding._ranked_prefixes(rows, scores))
-    assert math.exp(ranked[(5,)]) == pytest.approx(0.9 / 1.7) and math.exp(ranked[(7,)]) == pytest.approx(0.8 / 1.7)
-    assert math.exp(ranked[(5, 6)]) == pytest.approx(0.5 * 0.9 / 1.7)  # its rate after 5 as measured
+    assert ranked[(5,)] == pytest.approx(0.9 / 1.7) and ranked[(7,)] == pytest.approx(0.8 / 1.7)
+    assert ranked[(5, 6)] == pytest.approx(0.5 * 0.9 / 1.7)  # its rate after 5 as measured
 
 
 def test_tree_holds_at_most_max_tree_nodes_lookup_included(trained):

@@ -4,7 +4,7 @@
 reversed every other run). Records to OUT (resumable). Run at 384a346's parent with the coherent function loaded
 from a worktree of 384a346; from 384a346 on, the "today" variant is the function below.
     python ab_coherent.py N R OUT.jsonl"""
-import json, os, sys, time, torch
+import json, math, os, sys, time, torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from pathlib import Path
 from hf_specdiff import decoding, generate
@@ -13,13 +13,14 @@ from hf_specdiff.tools.verifiers import load_pair
 
 
 def ranked_prefixes_before(rows, path_scores):
-    """`decoding._ranked_prefixes` before 384a346."""
+    """`decoding._ranked_prefixes` before 384a346 (as probabilities, which `prune_drafts` takes from the commit
+    after it; the run that made the records patched in its log-probability form)."""
     best = {}
     for row, row_scores in zip(rows, path_scores):
         for depth, score in enumerate(row_scores, start=1):
             key = tuple(row[:depth])
             best[key] = min(best.get(key, (float("inf"), depth)), (-score, depth))
-    return [(key, -neg_score) for key, (neg_score, _) in sorted(best.items(), key=lambda item: item[1])]
+    return [(key, math.exp(-neg_score)) for key, (neg_score, _) in sorted(best.items(), key=lambda item: item[1])]
 
 
 variants = {"today": ranked_prefixes_before, "coherent": decoding._ranked_prefixes}
