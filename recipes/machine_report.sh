@@ -3,9 +3,10 @@
 #   lscpu.txt   the CPU and its flags;
 #   doctor.txt  `hf-specdiff doctor`: this machine's costs, what the defaults do here and why;
 #   demo.txt    README's first command's demo (`hf-specdiff demo`, --dtype auto); progress bars and warnings: stderr.txt;
-#   bf16/, fp32/  Spec-Bench 2 per category x 128 new tokens, plain, prompt lookup, the drop-in path, the drafter
-#                 alone (K=1) and the shipped method (K=4 + lookup), each prompt REPEATS times through every method
-#                 (each method's fastest run kept: other work on a machine only ever adds time).
+#   bf16/, fp32/  Spec-Bench 2 per category x 128 new tokens, plain, plain again (the run's noise floor), prompt
+#                 lookup, the drop-in path, the drafter alone (K=1) and the shipped method (K=4 + lookup), each prompt
+#                 REPEATS times through every method (each method's fastest run kept: other work on a machine only
+#                 ever adds time).
 # <cpu> is avx2, avx512bf16 or amx by the flags, "imit" added under ATEN_CPU_CAPABILITY (an imitation). Run it
 # alone (nothing else on the cores), in the background: about 2 hours at REPEATS=3 on a 2-core EPYC. Resumable:
 # each bench keeps its finished prompts; delete a file or folder to measure it again.
@@ -31,7 +32,8 @@ echo "$(git rev-parse --short HEAD) $(python -c 'import torch, transformers; pri
 [ -s "$OUT/demo.txt" ] || hf-specdiff demo > "$OUT/demo.txt" 2>> "$OUT/stderr.txt"
 for dtype in bf16 fp32; do
     hf-specdiff bench --prompts "$SPEC_BENCH" --per-category 2 --max-new-tokens 128 --num-drafts 1,4 --with-lookup \
-        --dtype $dtype --repeats "$REPEATS" --method "prompt lookup" --method "SpecDiff-2 conditioned drop-in" \
+        --dtype $dtype --repeats "$REPEATS" --method "plain again" --method "prompt lookup" \
+        --method "SpecDiff-2 conditioned drop-in" \
         --method "SpecDiff-2 conditioned (K=1)" --method "SpecDiff-2 conditioned (K=4) + lookup" --out "$OUT/$dtype"
 done
 tail -n 3 "$OUT/demo.txt"

@@ -8,7 +8,8 @@ import torch
 
 import hf_specdiff.costs_specdiff as costs_specdiff
 from hf_specdiff.costs_specdiff import CostProfile
-from hf_specdiff.tools.bench import PLAIN_WITH_KERNELS, bench_methods, benchmark, by_kind, read_spec_bench, save
+from hf_specdiff.tools.bench import (PLAIN_AGAIN, PLAIN_WITH_KERNELS, bench_methods, benchmark, by_kind, read_spec_bench,
+                                     save)
 from helpers import tiny_dflash_drafter, greedy_sequences, tiny_drafter, tiny_tokenizer, tiny_verifier, train_briefly
 
 
@@ -34,8 +35,8 @@ def test_bench_runs_every_method_and_writes_results(tmp_path, monkeypatch):
     specdiff = ["SpecDiff (mdlm, K=1)", "SpecDiff (mdlm, K=4)", *specdiff2]
     drop_in = ["SpecDiff-2 drop-in", "SpecDiff-2 drop-in, drafter only", "SpecDiff-2 conditioned drop-in",
                "SpecDiff-2 conditioned drop-in, drafter only"]
-    methods = ["plain", "prompt lookup", "AR drafter", "SpecDiff (mdlm, K=1)", "SpecDiff (mdlm, K=4)", *drop_in[:2],
-               *specdiff2[:2], *drop_in[2:], *specdiff2[2:], *[f"{m} + lookup" for m in specdiff]]
+    methods = ["plain", PLAIN_AGAIN, "prompt lookup", "AR drafter", "SpecDiff (mdlm, K=1)", "SpecDiff (mdlm, K=4)",
+               *drop_in[:2], *specdiff2[:2], *drop_in[2:], *specdiff2[2:], *[f"{m} + lookup" for m in specdiff]]
     assert summary["methods"] == methods
     assert set(summary["results"]) == {"math", "qa", "overall"}
     overall = summary["results"]["overall"]
@@ -43,12 +44,13 @@ def test_bench_runs_every_method_and_writes_results(tmp_path, monkeypatch):
         assert overall[method]["exact_match"] == 1.0  # fp32: every method reproduces plain greedy
         assert overall[method]["prompts"] == 4 and overall[method]["tok_s"] > 0
     assert overall["plain"]["tau"] == 1.0 and overall["plain"]["speedup"] == 1.0
+    assert overall[PLAIN_AGAIN]["tau"] == 1.0 and overall[PLAIN_AGAIN]["speedup"] > 0  # the noise floor
     # the machine's cost profile was measured before timing: no method's record holds its forwards
     assert all(r["forwards"] <= r["tokens"] for r in summary["records"]) and list((tmp_path / "costs").iterdir())
     assert overall["SpecDiff-2 (K=1)"]["acceptance_by_position"]
-    for method in methods[2:]:  # each drafter's cost was timed beside the verifier's
+    for method in methods[3:]:  # each drafter's cost was timed beside the verifier's
         assert 0 < overall[method]["drafter_ms_per_forward"] and 0 < overall[method]["drafter_cost"]
-    assert overall["plain"]["drafter_cost"] is None
+    assert overall["plain"]["drafter_cost"] is None and overall[PLAIN_AGAIN]["drafter_cost"] is None
     assert drafter.assistant_lookup_tokens == 10  # the drafter-only method set it to 0 for its runs alone
     # methods are interleaved prompt by prompt
     assert [r["method"] for r in summary["records"][: len(methods)]] == methods
@@ -57,6 +59,7 @@ def test_bench_runs_every_method_and_writes_results(tmp_path, monkeypatch):
         assert (out / name).stat().st_size > 0
     assert "| overall |" in (out / "results.md").read_text()
     assert "drafter forward: AR drafter" in (out / "results.md").read_text()
+    assert "noise floor: plain again ran " in (out / "results.md").read_text()
 
 
 def _questions(tmp_path, n=4):
@@ -133,7 +136,8 @@ def test_bench_repeats_alternate_the_order_and_keep_each_methods_fastest_run(tmp
         return record
 
     monkeypatch.setattr(bench, "_run_method", slow_first_runs)
-    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 1), max_new_tokens=8, repeats=3, progress=False)
+    summary = benchmark(verifier, tokenizer, _questions(tmp_path, 1), max_new_tokens=8, repeats=3,
+                        only=["prompt lookup"], progress=False)
     assert ran == ["plain", "lookup", "lookup", "plain", "plain", "lookup"]
     plain, lookup = summary["records"]
     assert (plain["method"], plain["seconds"]) == ("plain", 10.0 - 5) and lookup["seconds"] == 1.0 + 2
@@ -190,7 +194,7 @@ def test_bench_resumes_after_a_crash_without_redoing_finished_prompts(tmp_path):
     summary = benchmark(verifier, tokenizer, prompts, max_new_tokens=8, records_file=records, progress=False)
     assert seen == [p["prompt"] for p in prompts[2:]]  # only the unfinished prompts ran again
     assert summary["results"]["overall"]["prompt lookup"]["prompts"] == 4
-    assert [r["method"] for r in summary["records"]] == ["plain", "prompt lookup"] * 4
+    assert [r["method"] for r in summary["records"]] == ["plain", PLAIN_AGAIN, "prompt lookup"] * 4
     assert all(r["exact"] for r in summary["records"])
 
     with pytest.raises(ValueError, match="records of a run with other settings"):

@@ -1,8 +1,8 @@
 """`hf-specdiff bench`: every method on the same Spec-Bench prompts, interleaved per prompt, in one process.
 
-Methods: plain greedy `generate`, prompt-lookup decoding, an autoregressive drafter (transformers' own
-`assistant_model` path), SpecDiff (an unaligned MDLM drafter), SpecDiff-2 (the aligned drafter, also through the
-drop-in `assistant_model=` path with its adaptive draft length), SpecDiff-2
+Methods: plain greedy `generate` (and once more, `PLAIN_AGAIN`: the noise floor), prompt-lookup decoding, an
+autoregressive drafter (transformers' own `assistant_model` path), SpecDiff (an unaligned MDLM drafter), SpecDiff-2
+(the aligned drafter, also through the drop-in `assistant_model=` path with its adaptive draft length), SpecDiff-2
 conditioned (a drafter that reads the verifier's hidden states), each drafter at every K asked for (K=1: one draft;
 K>1: self-selection) and, on request, with a prompt-lookup branch in its tree ("+ lookup"). Per
 category and overall: tokens/s, speed-up over plain, tau (tokens per verifier forward), acceptance by draft
@@ -34,6 +34,10 @@ from .threads import torch_threads
 # beside plain where a cost profile chose other kernels than torch's default (bf16 on an AVX512-BF16 CPU: a plain
 # step 23 ms against 40 ms), so that a speed-up the kernels bring is not read as the drafter's
 PLAIN_WITH_KERNELS = "plain, SpecDiff's kernels"
+# plain `generate` once more, interleaved with the others like any method: the run's noise floor, the speed-up
+# plain shows over itself (on a 2-core KVM EPYC, the fastest of 3 runs per prompt: 0.92x-1.03x by category,
+# 0.89x-1.09x by prompt)
+PLAIN_AGAIN = "plain again"
 
 def read_spec_bench(path, per_category: int) -> list[dict]:
     """The first `per_category` questions of each category (first turn only)."""
@@ -101,7 +105,7 @@ def bench_methods(drafter=None, mdlm_drafter=None, ar_drafter=None, conditioned_
                   with_lookup: bool = False, dflash_drafter=None,
                   lookup_drafts: tuple[int, ...] = (DEFAULT_NUM_LOOKUP_DRAFTS,)) -> dict[str, dict]:
     """The methods `benchmark` runs with these drafters: name -> generation options, in run order."""
-    methods = {"plain": dict()}
+    methods = {"plain": dict(), PLAIN_AGAIN: dict()}
     methods["prompt lookup"] = dict(prompt_lookup_num_tokens=prompt_lookup_tokens)
     if ar_drafter is not None:
         methods["AR drafter"] = dict(assistant_model=ar_drafter)
@@ -360,6 +364,10 @@ def markdown_table(summary: dict) -> str:
     overall = results["overall"]
     lines.append("")
     lines.append("plain: " + f"{overall['plain']['tok_s']:.1f} tok/s overall; peak RSS {summary['peak_rss_mb']:.0f} MB")
+    if PLAIN_AGAIN in methods:
+        again = [row[PLAIN_AGAIN]["speedup"] for category, row in results.items() if category != "overall"]
+        lines.append(f"noise floor: plain again ran {min(again):.2f}x-{max(again):.2f}x plain by category "
+                     f"({overall[PLAIN_AGAIN]['speedup']:.2f}x overall); speed-ups within that are noise")
     costs = [f"{m} {overall[m]['drafter_ms_per_forward']:.1f} ms ({overall[m]['drafter_cost']:.0%} of a verifier "
              f"forward of {overall[m]['verifier_ms_per_forward']:.1f} ms)" for m in methods
              if overall[m].get("drafter_cost") is not None]

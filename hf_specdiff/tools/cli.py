@@ -419,7 +419,8 @@ def _bench_parser(sub):
                    help="comma-separated counts of lookup drafts in the + lookup methods' trees (default: the "
                         "library's; another count is named + lookup xN)")
     p.add_argument("--method", action="append", default=None,
-                   help="run only this method (repeatable; plain always runs), e.g. --method 'prompt lookup'")
+                   help="run only this method (repeatable; plain always runs), e.g. --method 'prompt lookup'; "
+                        "--method 'plain again' runs plain once more, the run's noise floor")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--repeats", type=int, default=1,
                    help="run each prompt this many times through every method (order reversed every other time) and "
