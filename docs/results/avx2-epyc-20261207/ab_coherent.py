@@ -3,7 +3,8 @@
 384a346 on), beside plain, bf16, Spec-Bench N per category x 128 tokens, each method's fastest of R runs (order
 reversed every other run). Records to OUT (resumable). Run at 384a346's parent with the coherent function loaded
 from a worktree of 384a346; from 384a346 on, the "today" variant is the function below.
-    python ab_coherent.py N R OUT.jsonl"""
+    python ab_coherent.py N R OUT.jsonl
+DTYPE=fp32 runs it in fp32 (every method writes plain greedy's text), CATEGORY=name on that category's prompts only."""
 import json, math, os, sys, time, torch
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from pathlib import Path
@@ -26,8 +27,9 @@ def ranked_prefixes_before(rows, path_scores):
 variants = {"today": ranked_prefixes_before, "coherent": decoding._ranked_prefixes}
 per_category, repeats, out = int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3])
 torch.set_num_threads(2)
-prompts = read_spec_bench("/work/shared/data/spec_bench/question.jsonl", per_category)
-model, tok, drafter = load_pair(dtype=torch.bfloat16)
+prompts = [p for p in read_spec_bench("/work/shared/data/spec_bench/question.jsonl", per_category)
+           if p["category"] == os.environ.get("CATEGORY", p["category"])]
+model, tok, drafter = load_pair(dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[os.environ.get("DTYPE", "bf16")])
 drafter.cost_profile(model)
 forwards = [0]
 model.register_forward_pre_hook(lambda *_: forwards.__setitem__(0, forwards[0] + 1))
