@@ -882,7 +882,7 @@ def specdiff_generate(model, input_ids, logits_processor, stopping_criteria, gen
                                  streamer=token_streamer, stats=stats, cost_profile=cost_profile)
     # a drafter's remote code from before 2026-12-07 gives profiles without a kernel choice
     kernels = cost_profile.verifier_kernels(model) if hasattr(cost_profile, "verifier_kernels") else nullcontext()
-    with kernels:  # where the profile found forwards over few tokens faster without oneDNN, they run without it
+    with kernels:  # each verifier forward with the kernels the profile found faster for its size (if any)
         return tree_decoding(input_ids, model_kwargs[CACHE_KWARG])
 
 

@@ -304,3 +304,97 @@ def test_the_demo_compares_with_plain_under_the_same_kernels_where_the_profile_c
     assert "SpecDiff's kernels" not in (run_demo("t5 t9", verifier=str(saved_models / "verifier"),
                                                  drafter=str(saved_models / "drafter"), dtype="bf16",
                                                  max_new_tokens=6, threads=1, colour=False) and capsys.readouterr().out)
+
+
+needs_packing = pytest.mark.skipif(not costs_specdiff.PackedLinears.apply_to(tiny_verifier("llama")),
+                                   reason="oneDNN cannot pack fp32 linear weights here")
+
+
+def _packed(verifier) -> bool:
+    return all("forward" in m.__dict__ for m in verifier.modules() if isinstance(m, torch.nn.Linear))
+
+
+@needs_packing
+def test_packed_linears_give_torchs_logits_follow_a_changed_weight_and_are_taken_off():
+    verifier = tiny_verifier("llama")
+    ids = torch.tensor([[5, 9, 20, 7, 5, 9]])
+    packed = costs_specdiff.PackedLinears(verifier)
+    for _ in range(2):
+        stock = verifier(input_ids=ids).logits
+        packed.use()
+        assert _packed(verifier)
+        torch.testing.assert_close(verifier(input_ids=ids).logits, stock, atol=1e-5, rtol=1e-4)
+        packed.restore()
+        assert not any("forward" in m.__dict__ for m in verifier.modules())
+        with torch.no_grad():  # a weight changed in place: packed again, not the stale copy
+            verifier.model.layers[0].mlp.down_proj.weight.mul_(3)
+        packed = costs_specdiff.PackedLinears(verifier)
+
+
+def test_packing_applies_only_to_plain_cpu_linear_layers_in_a_dtype_onednn_packs():
+    verifier = tiny_verifier("llama")
+    verifier.model.layers[0].mlp.up_proj.forward = lambda x: x  # wrapped by another library (offloading, adapters)
+    assert not costs_specdiff.PackedLinears.apply_to(verifier)
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=torch.bfloat16), 4)
+    except (RuntimeError, AttributeError):  # an AVX2-only CPU: oneDNN has no bf16 products to pack for
+        assert not costs_specdiff.PackedLinears.apply_to(tiny_verifier("llama", dtype=torch.bfloat16))
+
+
+def test_weights_are_packed_only_from_where_every_longer_forward_is_faster_by_more_than_noise():
+    unpacked = {1: 55.0, 2: 93.0, 4: 94.0, 8: 92.0, 16: 108.0}  # fp32 on an AVX2-only EPYC, ms
+    assert costs_specdiff._packed_from(unpacked, {1: 54.0, 2: 60.0, 4: 63.0, 8: 80.0, 16: 89.0}) == 2
+    assert costs_specdiff._packed_from(unpacked, {1: 50.0, 2: 60.0, 4: 63.0, 8: 80.0, 16: 89.0}) == 1
+    assert costs_specdiff._packed_from(unpacked, {1: 50.0, 2: 60.0, 4: 93.0, 8: 80.0, 16: 89.0}) == 8  # not at 4
+    assert costs_specdiff._packed_from(unpacked, {1: 50.0, 2: 60.0, 4: 63.0, 8: 80.0, 16: 105.0}) is None  # noise
+
+
+@needs_packing
+def test_the_profile_times_forwards_with_packed_weights_and_keeps_them_where_faster(monkeypatch):
+    """Packed, a forward costs 1 + 0.01 n here, as torch runs it 1 + 0.5 n: packed from 1 new token on."""
+    verifier = tiny_verifier("llama")
+    clock = [0.0]
+    verifier.register_forward_hook(lambda module, args, kwargs, output: clock.__setitem__(
+        0, clock[0] + 1.0 + (0.01 if _packed(verifier) else 0.5) * kwargs["input_ids"].shape[1]), with_kwargs=True)
+    monkeypatch.setattr(costs_specdiff, "device_clock", lambda device: clock[0])
+    profile = costs_specdiff.measure_costs(verifier)
+    assert profile.packed_from == 1 and profile.onednn_from is None and not _packed(verifier)
+    assert profile.verifier == pytest.approx({n: 1.0 + 0.01 * n for n in PROFILE_LENGTHS})
+    assert profile.torch_kernels == pytest.approx({n: 1.0 + 0.5 * n for n in PROFILE_LENGTHS})
+    assert CostProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
+    assert "verifier forwards run faster with their linear weights packed for oneDNN" in profile.kernels_chosen()
+
+
+@needs_packing
+def test_specdiff_generate_verifies_with_packed_weights_from_the_profiles_threshold_as_plain_greedy_decodes():
+    from hf_specdiff import generate
+
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8)
+    seen = []
+    verifier.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[1], _packed(verifier))), with_kwargs=True)
+    prompt = torch.tensor([[5, 9, 20, 7, 5, 9, 20, 7]])
+    plain = verifier.generate(prompt, max_new_tokens=24, do_sample=False)
+    seen.clear()
+    out = generate(verifier, drafter, input_ids=prompt, max_new_tokens=24, do_sample=False, num_drafts=2,
+                   lookup_tokens=4, cost_profile=dataclasses.replace(CHEAP_TOKENS, packed_from=2))
+    assert torch.equal(out, plain)
+    assert {min(n, 2) for n, _ in seen} == {1, 2} and all(packed == (n >= 2) for n, packed in seen)
+    assert not _packed(verifier)
+
+
+@needs_packing
+def test_the_drop_in_path_verifies_with_packed_weights_as_plain_greedy_decodes_and_takes_them_off():
+    verifier = tiny_verifier("llama")
+    drafter = tiny_drafter(verifier, block_size=8).attach(verifier)
+    seen = []
+    verifier.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[1], _packed(verifier))), with_kwargs=True)
+    prompt = torch.tensor([[5, 9, 20, 7, 5, 9, 20, 7]])
+    plain = verifier.generate(prompt, max_new_tokens=16, do_sample=False)
+    seen.clear()
+    costs_specdiff.set_cost_profile(verifier, drafter, dataclasses.replace(CHEAP_TOKENS, packed_from=2))
+    out = verifier.generate(prompt, max_new_tokens=16, do_sample=False, assistant_model=drafter)
+    assert torch.equal(out, plain) and not _packed(verifier)
+    assert any(n >= 2 and packed for n, packed in seen) and all(not packed for n, packed in seen if n < 2)

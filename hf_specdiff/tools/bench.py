@@ -166,7 +166,7 @@ def benchmark(verifier, tokenizer, prompts: list[dict], drafter=None, mdlm_draft
     drafters = [m for m in (drafter, mdlm_drafter, ar_drafter, conditioned_drafter, dflash_drafter) if m is not None]
     with torch_threads(threads):  # this machine's cost profiles, measured once (cached), not in a timed call
         profiles = [model.cost_profile(verifier) for model in drafters if hasattr(model, "cost_profile")]
-    kernels = next((p for p in profiles if p is not None and p.onednn_from is not None), None)
+    kernels = next((p for p in profiles if p is not None and p.chooses_kernels), None)
     if kernels is not None:  # the SpecDiff loop's plain steps run faster than plain `generate`'s: show by how much
         methods = {"plain": methods.pop("plain"), PLAIN_WITH_KERNELS: dict(kernels=kernels), **methods}
     if only is not None:

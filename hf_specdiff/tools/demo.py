@@ -90,11 +90,11 @@ def run_demo(prompts: str | list[str] | None = None, verifier: str = DEFAULT_VER
         print("drafted by the drafter and accepted by the verifier: " +
               (f"{DRAFTED_COLOUR}green{RESET}" if colour else "[in brackets]") + "; the rest: the verifier's own")
         profile = draft_model.cost_profile(model)
-        kernels = profile if profile is not None and profile.onednn_from is not None else None
+        kernels = profile if profile is not None and profile.chooses_kernels else None
         results = [_compare(model, tokenizer, draft_model, prompt, dict(num_drafts=num_drafts,
                                                                         lookup_tokens=lookup_tokens),
                             max_new_tokens, colour, kernels) for prompt in prompts]
-        _print_total(results, model.dtype)
+        _print_total(results, model.dtype, profile)
         _print_outlook(Outlook(str(model.dtype).removeprefix("torch."), profile, draft_model.config.max_draft_tokens))
         note = speed_change_note(profile, sum(r["plain_s"] - r["prompt_s"] for r in results) /
                                  sum(max(r["tokens"] - 1, 1) for r in results))
@@ -119,7 +119,7 @@ def speed_change_note(profile: CostProfile, plain_seconds_per_step: float, thres
             f"{cost_profile_dir()}.")
 
 
-def _print_total(results: list[dict], dtype: torch.dtype):
+def _print_total(results: list[dict], dtype: torch.dtype, profile: CostProfile):
     if len(results) < 2:
         return
     plain = sum(r["tokens"] for r in results) / sum(r["plain_s"] for r in results)
@@ -131,8 +131,8 @@ def _print_total(results: list[dict], dtype: torch.dtype):
     if all("plain_kernels_tok_s" in r for r in results):
         kernels = sum(r["plain_kernels_tokens"] for r in results) / sum(r["plain_kernels_s"] for r in results)
         print(f"plain with SpecDiff's kernels {kernels:.1f} tok/s ({kernels / plain:.2f}x plain): SpecDiff-2 "
-              f"{fast / kernels:.2f}x that. On this machine some verifier forwards run faster without oneDNN, and "
-              "SpecDiff's loop runs them so; `hf-specdiff doctor` says how your own calls get that.")
+              f"{fast / kernels:.2f}x that. On this machine {profile.kernels_chosen()}, and SpecDiff's loop runs "
+              "them so; `hf-specdiff doctor` says how your own calls get that.")
 
 
 def _print_outlook(outlook: Outlook):

@@ -109,16 +109,15 @@ def report(outlooks: list[Outlook]) -> str:
 
 
 def _kernels(outlooks: list[Outlook]) -> list[str]:
-    """What the profiles' kernel choice (`CostProfile.onednn_from`) gains, and how a user's own calls get it; nothing
-    where no profile chose."""
+    """What the profiles' kernel choice (`CostProfile.kernels_chosen`) gains, and how a user's own calls get it;
+    nothing where no profile chose."""
     lines = []
     for o in outlooks:
-        if o.profile.onednn_from is None:
+        if not o.profile.chooses_kernels:
             continue
         default = o.profile.torch_plain_step
-        lines.append(f"{o.dtype_name}: verifier forwards over fewer than {o.profile.onednn_from} new tokens run faster "
-                     f"without oneDNN here (a plain step {1000 * o.profile.plain_step:.1f} ms against "
-                     f"{1000 * default:.1f} ms as torch runs it), and hf_specdiff's loop runs them so, as does "
+        lines.append(f"{o.dtype_name}: {o.profile.kernels_chosen()} here (a plain step {1000 * o.profile.plain_step:.1f}"
+                     f" ms against {1000 * default:.1f} ms as torch runs it), and hf_specdiff's loop runs them so, as does "
                      "`assistant_model=drafter` once `drafter.attach(model)` paired them. Plain `generate` gets the "
                      f"same {default / o.profile.plain_step:.2f}x inside `with drafter.cost_profile(model)"
                      ".verifier_kernels(model):`; the costs above and the speed-ups below are with them.")

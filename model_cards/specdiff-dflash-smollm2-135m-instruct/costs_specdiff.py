@@ -50,13 +50,17 @@ class CostProfile:
     Where a CPU verifier's forwards over few tokens run faster without oneDNN (bf16 on a CPU with AVX512-BF16 and no
     AMX: a plain step 23 ms against 40 ms), `onednn_from` is the fewest new tokens a forward runs with it (fewer run
     without it, `verifier_kernels`), `verifier` holds those chosen forwards' seconds and `torch_kernels` the seconds as
-    torch runs them by default; elsewhere `onednn_from` is None and `torch_kernels` empty."""
+    torch runs them by default; elsewhere `onednn_from` is None and `torch_kernels` empty. Where forwards run faster
+    with the verifier's linear weights laid out once for oneDNN (`PackedLinears`; fp32 on an AVX2-only EPYC: a forward
+    over 2 new tokens 1.1 plain steps against 1.7), `packed_from` is the fewest new tokens a forward runs with them,
+    and `torch_kernels` holds torch's own seconds too."""
 
     verifier: dict[int, float]
     drafter: dict[int, float] = field(default_factory=dict)
     machine: dict = field(default_factory=dict)
     onednn_from: int | None = None
     torch_kernels: dict[int, float] = field(default_factory=dict)
+    packed_from: int | None = None
 
     def verifier_seconds(self, num_tokens: torch.Tensor) -> torch.Tensor:
         """Seconds of verifier forwards over `num_tokens` new tokens (piecewise linear between measured counts, the
@@ -96,19 +100,36 @@ class CostProfile:
         rate = expected[:len(lengths)] / self.round_seconds(lengths[:len(expected)], drafted)
         return int(rate.argmax()), float(rate.max())
 
+    @property
+    def chooses_kernels(self) -> bool:
+        """Whether some verifier forwards run with other kernels than torch's defaults (`verifier_kernels`)."""
+        return self.onednn_from is not None or self.packed_from is not None
+
+    def kernels_chosen(self) -> str:
+        """What this profile runs differently from torch's defaults, in words ("" where nothing)."""
+        chosen = []
+        if self.packed_from is not None:
+            chosen.append("verifier forwards" + (f" over {self.packed_from} or more new tokens" if self.packed_from > 1
+                                                 else "") + " run faster with their linear weights packed for oneDNN")
+        if self.onednn_from is not None:
+            chosen.append(f"verifier forwards over fewer than {self.onednn_from} new tokens run faster without oneDNN")
+        return "; ".join(chosen)
+
     def verifier_kernels(self, verifier) -> "VerifierKernels":
-        """A context in which `verifier`'s forwards run with the kernels this profile chose (`onednn_from`)."""
-        return VerifierKernels(verifier, self.onednn_from)
+        """A context in which `verifier`'s forwards run with the kernels this profile chose (`onednn_from`,
+        `packed_from`)."""
+        return VerifierKernels(verifier, self.onednn_from, self.packed_from)
 
     def to_dict(self) -> dict:
         return {"verifier": self.verifier, "drafter": self.drafter, "machine": self.machine,
-                "onednn_from": self.onednn_from, "torch_kernels": self.torch_kernels}
+                "onednn_from": self.onednn_from, "torch_kernels": self.torch_kernels, "packed_from": self.packed_from}
 
     @classmethod
     def from_dict(cls, data: dict) -> "CostProfile":
         return cls({int(k): float(v) for k, v in data["verifier"].items()},
                    {int(k): float(v) for k, v in data.get("drafter", {}).items()}, data.get("machine", {}),
-                   data.get("onednn_from"), {int(k): float(v) for k, v in data.get("torch_kernels", {}).items()})
+                   data.get("onednn_from"), {int(k): float(v) for k, v in data.get("torch_kernels", {}).items()},
+                   data.get("packed_from"))
 
 
 def _interpolate(points: dict[int, float], x: torch.Tensor) -> torch.Tensor:
@@ -152,22 +173,27 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
     plain steps, where this machine alone takes 72 ms and 1.31.) Rounds scale the profile by how much slower the
     machine runs while they do (`RoundCosts.slowdown`), but not its shape. Where oneDNN may be switched off
     (`onednn_is_optional`) and has kernels for the verifier's dtype here (`onednn_has_kernels`), each verifier forward
-    is also timed without it, and the profile chooses between them (`CostProfile.onednn_from`)."""
+    is also timed without it, and the profile chooses between them (`CostProfile.onednn_from`); where oneDNN can lay
+    out the verifier's linear weights (`PackedLinears.apply_to`), each is timed with them too (`packed_from`)."""
     device = verifier.device
     vocab = verifier.config.get_text_config().vocab_size
     ids = torch.randint(vocab, (1, context + max(lengths)), generator=torch.Generator().manual_seed(0)).to(device)
     context_cache = DynamicCache(config=verifier.config)
     verifier(input_ids=ids[:, :context], use_cache=True, **{CACHE_KWARG: context_cache})
 
-    def verifier_forward(n, onednn=True):
+    def verifier_forward(n, onednn=True, packed=None):
         cache = copy.deepcopy(context_cache)  # a fresh copy each time: every cache layer kind, every version
         initial, torch.backends.mkldnn.enabled = torch.backends.mkldnn.enabled, onednn
+        if packed is not None:
+            packed.use()
         try:
             start = device_clock(device)
             verifier(input_ids=ids[:, context:context + n], use_cache=True, logits_to_keep=n, **{CACHE_KWARG: cache})
             return device_clock(device) - start
         finally:
             torch.backends.mkldnn.enabled = initial
+            if packed is not None:
+                packed.restore()
 
     runs = {}
     if drafter is not None:
@@ -184,6 +210,9 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
     runs.update({("verifier", n): functools.partial(verifier_forward, n) for n in lengths})
     if onednn_is_optional(verifier) and onednn_has_kernels(verifier.dtype):
         runs.update({("no oneDNN", n): functools.partial(verifier_forward, n, False) for n in lengths})
+    if PackedLinears.apply_to(verifier):
+        runs.update({("packed", n): functools.partial(verifier_forward, n, packed=PackedLinears(verifier))
+                     for n in lengths})
     seconds = {name: [] for name in runs}
     for repeat in range(repeats + 1):  # interleaved, so that a slow minute does not fall on one length
         for name, run in runs.items():
@@ -195,9 +224,13 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
     without = {n: t for (kind, n), t in fastest.items() if kind == "no oneDNN"}
     onednn_from = _onednn_from(verifier_seconds, without) if without else None
     chosen = {n: without[n] if onednn_from is not None and n < onednn_from else t for n, t in verifier_seconds.items()}
+    packed = {n: t for (kind, n), t in fastest.items() if kind == "packed"}
+    packed_from = _packed_from(chosen, packed) if packed else None
+    chosen = {n: packed[n] if packed_from is not None and n >= packed_from else t for n, t in chosen.items()}
+    chose = onednn_from is not None or packed_from is not None
     return CostProfile(chosen, {g: t for (kind, g), t in fastest.items() if kind == "drafter"},
                        machine=machine_description(device), onednn_from=onednn_from,
-                       torch_kernels=verifier_seconds if onednn_from is not None else {})
+                       torch_kernels=verifier_seconds if chose else {}, packed_from=packed_from)
 
 
 def onednn_is_optional(verifier) -> bool:
@@ -233,20 +266,100 @@ def _onednn_from(with_onednn: dict[int, float], without: dict[int, float], margi
     return later[0] if later else max(slower) + 1
 
 
-class VerifierKernels:
-    """While active, each forward of `verifier` over fewer new tokens than `onednn_from` runs without oneDNN (faster
-    there, `CostProfile`), and every other forward as torch runs it; nothing changes where `onednn_from` is None.
-    Forward hooks on the verifier, taken off on exit, with oneDNN's setting as it was (a process-wide setting: other
-    threads' products during such a forward run without oneDNN too)."""
+def _packed_from(unpacked: dict[int, float], packed: dict[int, float], margin: float = 0.05) -> int | None:
+    """The fewest new tokens from which every measured forward runs more than `margin` faster with packed weights
+    than without; None where the longest does not (a choice made of noise is no choice)."""
+    start = None
+    for n in sorted(unpacked, reverse=True):
+        if packed[n] >= (1 - margin) * unpacked[n]:
+            break
+        start = n
+    return start
 
-    def __init__(self, verifier, onednn_from: int | None):
+
+# the batch a packed weight is laid out for: the forwards drafting makes cheaper verify 2-16 tokens (an fp32
+# SmolLM2-135M on an AVX2-only EPYC ran forwards over 2-4 tokens in 1.05-1.25 plain steps with 2 or 4, 1.5 with 1)
+PACKING_BATCH = 4
+
+
+class PackedLinears:
+    """A verifier's `nn.Linear` layers with their weights laid out once for oneDNN's products, as torch's compiler
+    does for a frozen CPU model: torch's own products lay out a weight again at every call of a forward over a few
+    tokens, which on an AVX2-only EPYC made an fp32 forward over 2 new tokens cost 1.7 plain steps (packed: 1.1,
+    logits within 1e-4). `use()` routes the layers through them until `restore()`. The packed copies are kept per
+    layer (as much memory again as the layers' weights), made at first use and again when a weight changes."""
+
+    _kept: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # nn.Linear -> (its weight's identity, packed)
+
+    def __init__(self, verifier):
+        self.linears = [m for m in verifier.modules() if isinstance(m, torch.nn.Linear)]
+        self.forwards = [self._packed_forward(linear) for linear in self.linears]
+
+    @staticmethod
+    def apply_to(verifier) -> bool:
+        """Whether oneDNN can lay out `verifier`'s linear weights here: a CPU model whose layers are plain `nn.Linear`
+        weights in a dtype oneDNN has products for on this CPU (fp32; bf16 needs AVX512 or AVX-NE-CONVERT), none of
+        them wrapped by another library's forward (offloading, adapters)."""
+        linears = [m for m in verifier.modules() if isinstance(m, torch.nn.Linear)]
+        ops = torch.ops.mkldnn
+        if verifier.device.type != "cpu" or not linears or not torch.backends.mkldnn.is_available() or \
+                not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
+            return False
+        if any("forward" in m.__dict__ or type(m).forward is not torch.nn.Linear.forward or m.weight.device.type != "cpu"
+               or m.weight.dtype != verifier.dtype for m in linears):
+            return False
+        try:
+            ops._reorder_linear_weight(torch.zeros(8, 8, dtype=verifier.dtype), PACKING_BATCH)
+        except RuntimeError:  # "bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+            return False
+        return True
+
+    @classmethod
+    def _packed_forward(cls, linear):
+        weight = linear.weight
+        identity = (weight.data_ptr(), weight._version, weight.dtype, tuple(weight.shape))
+        kept = cls._kept.get(linear)
+        if kept is None or kept[0] != identity:
+            kept = cls._kept[linear] = (identity, torch.ops.mkldnn._reorder_linear_weight(weight.detach(),
+                                                                                         PACKING_BATCH))
+        packed, bias = kept[1], None if linear.bias is None else linear.bias.detach()
+
+        def forward(x):
+            if x.dtype != packed.dtype:  # under autocast, say: as torch runs it
+                return torch.nn.Linear.forward(linear, x)
+            out = torch.ops.mkldnn._linear_pointwise(x.reshape(-1, x.shape[-1]), packed, bias, "none", [], "")
+            return out.view(*x.shape[:-1], out.shape[-1])
+
+        return forward
+
+    def use(self):
+        for linear, forward in zip(self.linears, self.forwards):
+            linear.forward = forward
+
+    def restore(self):
+        for linear in self.linears:
+            linear.__dict__.pop("forward", None)
+
+
+class VerifierKernels:
+    """While active, each forward of `verifier` over at least `packed_from` new tokens runs with its linear weights
+    packed (`PackedLinears`), each other one over fewer than `onednn_from` without oneDNN (faster there,
+    `CostProfile`), and every other forward as torch runs it; nothing changes where both are None. Forward hooks on
+    the verifier, taken off on exit, with oneDNN's setting and the layers as they were (oneDNN's is a process-wide
+    setting: other threads' products during such a forward run without oneDNN too)."""
+
+    def __init__(self, verifier, onednn_from: int | None, packed_from: int | None = None):
         self.verifier = verifier
-        self.onednn_from = onednn_from
+        self.onednn_from = onednn_from if onednn_from is not None and onednn_is_optional(verifier) else None
+        self.packed_from = packed_from if packed_from is not None and PackedLinears.apply_to(verifier) else None
+        self.packed = None
         self.handles, self.saved = [], []
 
     def __enter__(self):
-        if self.onednn_from is not None and onednn_is_optional(self.verifier):
+        if self.onednn_from is not None or self.packed_from is not None:
             self.initial = torch.backends.mkldnn.enabled
+            if self.packed_from is not None and self.packed is None:
+                self.packed = PackedLinears(self.verifier)  # packed at the first use, then kept per layer
             self.handles = [self.verifier.register_forward_pre_hook(self._before, with_kwargs=True),
                             self.verifier.register_forward_hook(self._after)]
         return self
@@ -254,17 +367,26 @@ class VerifierKernels:
     def _before(self, module, args, kwargs):
         tokens = kwargs.get("input_ids", args[0] if args else None)
         tokens = kwargs.get("inputs_embeds") if tokens is None else tokens
-        self.saved.append(torch.backends.mkldnn.enabled)
-        torch.backends.mkldnn.enabled = tokens is None or tokens.shape[1] >= self.onednn_from
+        num_tokens = None if tokens is None else tokens.shape[1]
+        packed = self.packed_from is not None and num_tokens is not None and num_tokens >= self.packed_from
+        self.saved.append((torch.backends.mkldnn.enabled, packed))
+        if packed:
+            self.packed.use()
+        elif self.onednn_from is not None:
+            torch.backends.mkldnn.enabled = num_tokens is None or num_tokens >= self.onednn_from
 
     def _after(self, module, args, output):
-        torch.backends.mkldnn.enabled = self.saved.pop()
+        torch.backends.mkldnn.enabled, packed = self.saved.pop()
+        if packed:
+            self.packed.restore()
 
     def __exit__(self, *exc):
         for handle in self.handles:
             handle.remove()
         if self.handles:
             torch.backends.mkldnn.enabled = self.initial
+            if self.packed is not None:
+                self.packed.restore()
         self.handles, self.saved = [], []
 
     def next_forward(self):
@@ -335,8 +457,8 @@ def _hashed_cost_key(verifier, drafter) -> str:
     parts = [machine_description(verifier.device), verifier.config.to_json_string(use_diff=False), str(verifier.dtype),
              f"oneDNN {'on' if torch.backends.mkldnn.enabled else 'off'}",
              getattr(verifier.config, "_attn_implementation", None), PROFILE_LENGTHS, PROFILE_CONTEXT,
-             f"fastest of {PROFILE_REPEATS}", "oneDNN chosen where it has kernels"]  # older profiles (medians of 3, no
-    # kernel choice, a choice made of noise) are measured again
+             f"fastest of {PROFILE_REPEATS}", "oneDNN chosen where it has kernels", "packed linears"]
+    # older profiles (medians of 3, no kernel choice, a choice made of noise, no packed weights) are measured again
     if drafter is not None:
         parts += [drafter.config.to_json_string(use_diff=False), str(drafter.dtype), str(drafter.device)]
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
