@@ -210,9 +210,9 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
     runs.update({("verifier", n): functools.partial(verifier_forward, n) for n in lengths})
     if onednn_is_optional(verifier) and onednn_has_kernels(verifier.dtype):
         runs.update({("no oneDNN", n): functools.partial(verifier_forward, n, False) for n in lengths})
-    if PackedLinears.apply_to(verifier):
-        runs.update({("packed", n): functools.partial(verifier_forward, n, packed=PackedLinears(verifier))
-                     for n in lengths})
+    packed_linears = PackedLinears(verifier) if PackedLinears.apply_to(verifier) else None
+    if packed_linears is not None:
+        runs.update({("packed", n): functools.partial(verifier_forward, n, packed=packed_linears) for n in lengths})
     seconds = {name: [] for name in runs}
     for repeat in range(repeats + 1):  # interleaved, so that a slow minute does not fall on one length
         for name, run in runs.items():
@@ -227,6 +227,8 @@ def measure_costs(verifier, drafter=None, repeats: int = PROFILE_REPEATS, length
     packed = {n: t for (kind, n), t in fastest.items() if kind == "packed"}
     packed_from = _packed_from(chosen, packed) if packed else None
     chosen = {n: packed[n] if packed_from is not None and n >= packed_from else t for n, t in chosen.items()}
+    if packed_linears is not None and packed_from is None:
+        packed_linears.forget()  # not chosen: not kept in memory
     chose = onednn_from is not None or packed_from is not None
     return CostProfile(chosen, {g: t for (kind, g), t in fastest.items() if kind == "drafter"},
                        machine=machine_description(device), onednn_from=onednn_from,
@@ -277,6 +279,11 @@ def _packed_from(unpacked: dict[int, float], packed: dict[int, float], margin: f
     return start
 
 
+def packing_allowed() -> bool:
+    """False where the user set HF_SPECDIFF_PACKED_WEIGHTS=0: torch's own kernels, and no packed copies in memory."""
+    return os.environ.get("HF_SPECDIFF_PACKED_WEIGHTS", "1") != "0"
+
+
 # the batch a packed weight is laid out for: the forwards drafting makes cheaper verify 2-16 tokens (an fp32
 # SmolLM2-135M on an AVX2-only EPYC ran forwards over 2-4 tokens in 1.05-1.25 plain steps with 2 or 4, 1.5 with 1)
 PACKING_BATCH = 4
@@ -299,14 +306,15 @@ class PackedLinears:
     def apply_to(verifier) -> bool:
         """Whether oneDNN can lay out `verifier`'s linear weights here: a CPU model whose layers are plain `nn.Linear`
         weights in a dtype oneDNN has products for on this CPU (fp32; bf16 needs AVX512 or AVX-NE-CONVERT), none of
-        them wrapped by another library's forward (offloading, adapters)."""
+        them wrapped by another library's forward (offloading, adapters), unless `packing_allowed()` says no."""
         linears = [m for m in verifier.modules() if isinstance(m, torch.nn.Linear)]
         ops = torch.ops.mkldnn
-        if verifier.device.type != "cpu" or not linears or not torch.backends.mkldnn.is_available() or \
+        if not packing_allowed() or verifier.device.type != "cpu" or not linears or \
+                not torch.backends.mkldnn.is_available() or \
                 not (hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")):
             return False
-        if any("forward" in m.__dict__ or type(m).forward is not torch.nn.Linear.forward or m.weight.device.type != "cpu"
-               or m.weight.dtype != verifier.dtype for m in linears):
+        if any("forward" in m.__dict__ or type(m).forward is not torch.nn.Linear.forward
+               or m.weight.device.type != "cpu" or m.weight.dtype != verifier.dtype for m in linears):
             return False
         try:
             ops._reorder_linear_weight(torch.zeros(8, 8, dtype=verifier.dtype), PACKING_BATCH)
@@ -339,6 +347,11 @@ class PackedLinears:
     def restore(self):
         for linear in self.linears:
             linear.__dict__.pop("forward", None)
+
+    def forget(self):
+        """Drop the packed copies (a later `PackedLinears` of these layers packs them again)."""
+        for linear in self.linears:
+            self._kept.pop(linear, None)
 
 
 class VerifierKernels:
@@ -446,7 +459,8 @@ def _cost_key(verifier, drafter) -> str:
     Rounds ask for it at every generation and hashing the configs takes tens of ms, so it is kept per verifier for
     what can change in place."""
     state = (None if drafter is None else weakref.ref(drafter), verifier.dtype, verifier.device, torch.get_num_threads(),
-             None if drafter is None else (drafter.dtype, drafter.device), bool(torch.backends.mkldnn.enabled))
+             None if drafter is None else (drafter.dtype, drafter.device), bool(torch.backends.mkldnn.enabled),
+             packing_allowed())
     keys = _KEYS.setdefault(verifier, {})
     if state not in keys:
         keys[state] = _hashed_cost_key(verifier, drafter)
@@ -457,7 +471,8 @@ def _hashed_cost_key(verifier, drafter) -> str:
     parts = [machine_description(verifier.device), verifier.config.to_json_string(use_diff=False), str(verifier.dtype),
              f"oneDNN {'on' if torch.backends.mkldnn.enabled else 'off'}",
              getattr(verifier.config, "_attn_implementation", None), PROFILE_LENGTHS, PROFILE_CONTEXT,
-             f"fastest of {PROFILE_REPEATS}", "oneDNN chosen where it has kernels", "packed linears"]
+             f"fastest of {PROFILE_REPEATS}", "oneDNN chosen where it has kernels",
+             "packed linears" if packing_allowed() else "no packed linears"]
     # older profiles (medians of 3, no kernel choice, a choice made of noise, no packed weights) are measured again
     if drafter is not None:
         parts += [drafter.config.to_json_string(use_diff=False), str(drafter.dtype), str(drafter.device)]

@@ -331,8 +331,13 @@ def test_packed_linears_give_torchs_logits_follow_a_changed_weight_and_are_taken
         packed = costs_specdiff.PackedLinears(verifier)
 
 
-def test_packing_applies_only_to_plain_cpu_linear_layers_in_a_dtype_onednn_packs():
+def test_packing_applies_only_to_plain_cpu_linear_layers_in_a_dtype_onednn_packs(monkeypatch):
     verifier = tiny_verifier("llama")
+    key = costs_specdiff._cost_key(verifier, None)
+    monkeypatch.setenv("HF_SPECDIFF_PACKED_WEIGHTS", "0")  # the user's choice: torch's kernels, a profile of their own
+    assert not costs_specdiff.PackedLinears.apply_to(verifier) and costs_specdiff._cost_key(verifier, None) != key
+    monkeypatch.delenv("HF_SPECDIFF_PACKED_WEIGHTS")
+    assert costs_specdiff._cost_key(verifier, None) == key
     verifier.model.layers[0].mlp.up_proj.forward = lambda x: x  # wrapped by another library (offloading, adapters)
     assert not costs_specdiff.PackedLinears.apply_to(verifier)
     try:
@@ -363,6 +368,12 @@ def test_the_profile_times_forwards_with_packed_weights_and_keeps_them_where_fas
     assert profile.torch_kernels == pytest.approx({n: 1.0 + 0.5 * n for n in PROFILE_LENGTHS})
     assert CostProfile.from_dict(json.loads(json.dumps(profile.to_dict()))) == profile
     assert "verifier forwards run faster with their linear weights packed for oneDNN" in profile.kernels_chosen()
+    clock[0], verifier = 0.0, tiny_verifier("llama")  # where packing is no faster, no packed copy is kept
+    verifier.register_forward_hook(lambda module, args, kwargs, output: clock.__setitem__(
+        0, clock[0] + 1.0 + 0.5 * kwargs["input_ids"].shape[1]), with_kwargs=True)
+    assert costs_specdiff.measure_costs(verifier).packed_from is None
+    linears = [m for m in verifier.modules() if isinstance(m, torch.nn.Linear)]
+    assert not any(m in costs_specdiff.PackedLinears._kept for m in linears)
 
 
 @needs_packing

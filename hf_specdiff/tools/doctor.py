@@ -116,11 +116,12 @@ def _kernels(outlooks: list[Outlook]) -> list[str]:
         if not o.profile.chooses_kernels:
             continue
         default = o.profile.torch_plain_step
-        lines.append(f"{o.dtype_name}: {o.profile.kernels_chosen()} here (a plain step {1000 * o.profile.plain_step:.1f}"
-                     f" ms against {1000 * default:.1f} ms as torch runs it), and hf_specdiff's loop runs them so, as does "
-                     "`assistant_model=drafter` once `drafter.attach(model)` paired them. Plain `generate` gets the "
-                     f"same {default / o.profile.plain_step:.2f}x inside `with drafter.cost_profile(model)"
-                     ".verifier_kernels(model):`; the costs above and the speed-ups below are with them.")
+        lines.append(f"{o.dtype_name}: {o.profile.kernels_chosen()} here (a plain step "
+                     f"{1000 * o.profile.plain_step:.1f} ms against {1000 * default:.1f} ms as torch runs it), and "
+                     "hf_specdiff's loop runs them so, as does `assistant_model=drafter` once `drafter.attach(model)` "
+                     f"paired them. Plain `generate` gets the same {default / o.profile.plain_step:.2f}x inside "
+                     "`with drafter.cost_profile(model).verifier_kernels(model):`; the costs above and the speed-ups "
+                     "below are with them.")
     return lines + [""] if lines else []
 
 
