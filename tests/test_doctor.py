@@ -314,6 +314,14 @@ def _packed(verifier) -> bool:
     return all("forward" in m.__dict__ for m in verifier.modules() if isinstance(m, torch.nn.Linear))
 
 
+def _forwards_packed(verifier) -> list[tuple[int, bool]]:
+    """A list that gets (new tokens, whether the layers ran packed) of each verifier forward from now on."""
+    seen = []
+    verifier.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[1], _packed(verifier))), with_kwargs=True)
+    return seen
+
+
 @needs_packing
 def test_packed_linears_give_torchs_logits_follow_a_changed_weight_and_are_taken_off():
     verifier = tiny_verifier("llama")
@@ -382,9 +390,7 @@ def test_specdiff_generate_verifies_with_packed_weights_from_the_profiles_thresh
 
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier, block_size=8)
-    seen = []
-    verifier.model.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[1], _packed(verifier))), with_kwargs=True)
+    seen = _forwards_packed(verifier)
     prompt = torch.tensor([[5, 9, 20, 7, 5, 9, 20, 7]])
     plain = verifier.generate(prompt, max_new_tokens=24, do_sample=False)
     seen.clear()
@@ -399,9 +405,7 @@ def test_specdiff_generate_verifies_with_packed_weights_from_the_profiles_thresh
 def test_the_drop_in_path_verifies_with_packed_weights_as_plain_greedy_decodes_and_takes_them_off():
     verifier = tiny_verifier("llama")
     drafter = tiny_drafter(verifier, block_size=8).attach(verifier)
-    seen = []
-    verifier.model.register_forward_pre_hook(
-        lambda module, args, kwargs: seen.append((kwargs["input_ids"].shape[1], _packed(verifier))), with_kwargs=True)
+    seen = _forwards_packed(verifier)
     prompt = torch.tensor([[5, 9, 20, 7, 5, 9, 20, 7]])
     plain = verifier.generate(prompt, max_new_tokens=16, do_sample=False)
     seen.clear()
